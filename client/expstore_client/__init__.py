@@ -1,0 +1,11 @@
+"""expstore client: talk to an expstore-server from training loops and producers.
+
+Depends on grpcio, protobuf, pyarrow and numpy only (torch optionally, for to_torch).
+"""
+
+from ._codec import InsertResult, TableInfo
+from .aio import AsyncClient
+from .batch import Ragged, SampleBatch
+from .client import Client
+
+__all__ = ["Client", "AsyncClient", "SampleBatch", "Ragged", "InsertResult", "TableInfo"]

@@ -1,0 +1,147 @@
+"""Request building and response parsing shared by Client and AsyncClient (no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from expstore.proto import arrow_ipc
+from expstore.proto.messages import message_to_dict
+from expstore.proto.v1 import expstore_pb2 as pb
+
+from .batch import SampleBatch
+
+DURABILITY = {None: pb.DURABILITY_UNSPECIFIED, "memory": pb.DURABILITY_MEMORY,
+              "wal": pb.DURABILITY_WAL, "fsync": pb.DURABILITY_FSYNC}
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    item_ids: np.ndarray
+    num_inserted: int
+    num_duplicates: int
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    name: str
+    config: dict[str, Any]
+    schema: pa.Schema
+    num_items: int
+    policy_version: int
+
+
+def table_config(name: str, *, kind: str = "trajectory", schema: pa.Schema | None = None,
+                 sampler: str | Mapping[str, Any] = "uniform", rate_limiter: Mapping[str, Any] | None = None,
+                 **fields: Any) -> pb.TableConfig:
+    """Build a TableConfig; ``fields`` are the scalar TableConfig fields (max_size, ...)."""
+    sampler = {"type": sampler} if isinstance(sampler, str) else dict(sampler)
+    config = pb.TableConfig(name=name, kind=kind, sampler=pb.SamplerConfig(**sampler),
+                            **{k: v for k, v in fields.items() if v is not None})
+    if rate_limiter is not None:
+        config.rate_limiter.CopyFrom(pb.RateLimiterConfig(**rate_limiter))
+    if schema is not None:
+        config.schema = arrow_ipc.encode_schema(schema)
+    return config
+
+
+def table_info(info: pb.TableInfo) -> TableInfo:
+    config = message_to_dict(info.config)
+    config.pop("schema", None)
+    return TableInfo(name=info.config.name, config=config, schema=arrow_ipc.decode_schema(info.schema),
+                     num_items=info.num_items, policy_version=info.policy_version)
+
+
+def to_arrow(data: Any, schema: pa.Schema | None) -> pa.Table:
+    """pa.Table | RecordBatch | list of dicts | dict of arrays -> pa.Table. With the
+    table's schema known, Python values convert to its exact types (maps, structs)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, Mapping):
+        columns = {k: _column(v, _field_type(schema, k)) for k, v in data.items()}
+        return pa.table(columns)
+    if isinstance(data, Sequence):
+        rows = list(data)
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        sub = None
+        if schema is not None and all(n in schema.names for n in names):
+            sub = pa.schema([schema.field(n) for n in names])
+        return pa.Table.from_pylist(rows, schema=sub)
+    raise TypeError(f"cannot insert {type(data).__name__}: give a pa.Table, RecordBatch, "
+                    f"list of dicts or dict of arrays")
+
+
+def _field_type(schema: pa.Schema | None, name: str) -> pa.DataType | None:
+    if schema is None or name not in schema.names:
+        return None
+    return schema.field(name).type
+
+
+def _column(values: Any, type_: pa.DataType | None) -> pa.Array:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values
+    if isinstance(values, np.ndarray) and values.ndim == 2:  # (B, T) -> list<T>
+        b, t = values.shape
+        flat = pa.array(values.reshape(-1))
+        arr = pa.ListArray.from_arrays(pa.array(np.arange(0, (b + 1) * t, t, dtype=np.int32)), flat)
+        return arr.cast(type_) if type_ is not None else arr
+    if isinstance(values, np.ndarray):
+        arr = pa.array(values)
+        return arr.cast(type_) if type_ is not None and arr.type != type_ else arr
+    return pa.array(list(values), type=type_)
+
+
+def insert_requests(table: str, data: pa.Table, priorities: Sequence[float] | None,
+                    timeout: float, durability: str | None, compress: bool,
+                    message_bytes: int) -> Iterator[pb.InsertRequest]:
+    """One request per ~message_bytes of whole rows; the first carries the call's options."""
+    pr = None if priorities is None else np.asarray(priorities, dtype=np.float64)
+    if pr is not None and len(pr) != data.num_rows:
+        raise ValueError(f"{len(pr)} priorities for {data.num_rows} rows")
+    start = 0
+    for i, part in enumerate(arrow_ipc.split_rows(data, message_bytes)):
+        req = pb.InsertRequest(arrow_ipc=arrow_ipc.encode(part, compress=compress))
+        if i == 0:
+            req.table, req.timeout_s, req.durability = table, timeout, DURABILITY[durability]
+        if pr is not None:
+            req.priorities.extend(pr[start:start + part.num_rows])
+        start += part.num_rows
+        yield req
+
+
+def insert_result(resp: pb.InsertResponse) -> InsertResult:
+    return InsertResult(np.array(resp.item_ids, dtype=np.uint64), resp.num_inserted, resp.num_duplicates)
+
+
+def rows(messages: Sequence[pb.RowsResponse], with_weights: bool) -> SampleBatch:
+    """RowsResponse messages of one batch -> SampleBatch (Arrow buffers not copied)."""
+    tables = [arrow_ipc.decode(m.arrow_ipc) for m in messages]
+    data = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def col(name: str, dtype) -> np.ndarray:
+        return np.array([v for m in messages for v in getattr(m, name)], dtype=dtype) if len(messages) != 1 \
+            else np.array(getattr(messages[0], name), dtype=dtype)
+
+    return SampleBatch(
+        ids=col("item_ids", np.uint64), data=data, priorities=col("priorities", np.float64),
+        times_sampled=col("times_sampled", np.int64), policy_versions=col("policy_versions", np.int64),
+        probabilities=col("probabilities", np.float64) if with_weights else None,
+        weights=col("weights", np.float64) if with_weights else None)
+
+
+def stats(resp: pb.StatsResponse) -> dict[str, dict[str, float]]:
+    return {t.table: dict(t.values) for t in resp.tables}
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes)]
+
+
+def metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {token}"),) if token else None

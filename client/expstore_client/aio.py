@@ -1,0 +1,132 @@
+"""AsyncClient: the same API as Client on grpc.aio, for producers that run thousands of
+environments in one event loop. One channel per client; safe to share across tasks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import grpc
+import pyarrow as pa
+
+from expstore.proto.v1 import expstore_pb2 as pb
+from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
+
+from . import _codec
+from ._codec import InsertResult, TableInfo
+from .batch import SampleBatch
+from .client import DEFAULT_TIMEOUT, MAX_MESSAGE_BYTES, MESSAGE_BYTES, make_credentials
+
+
+class AsyncClient:
+    def __init__(self, target: str = "127.0.0.1:50051", token: str | None = None, *,
+                 tls: bool | str | bytes | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        options = _codec.channel_options(max_message_bytes)
+        creds = make_credentials(tls)
+        self._channel = grpc.aio.secure_channel(target, creds, options) if creds else \
+            grpc.aio.insecure_channel(target, options)
+        self._stub = pb_grpc.ExperienceStoreStub(self._channel)
+        self._metadata = _codec.metadata(token)
+        self.timeout = timeout
+        self.message_bytes = message_bytes
+        self._schemas: dict[str, pa.Schema] = {}
+
+    async def create_table(self, name: str, *, kind: str = "trajectory", schema: pa.Schema | None = None,
+                           sampler: str | Mapping[str, Any] = "uniform",
+                           rate_limiter: Mapping[str, Any] | None = None, if_not_exists: bool = False,
+                           **config: Any) -> TableInfo:
+        req = pb.CreateTableRequest(config=_codec.table_config(name, kind=kind, schema=schema, sampler=sampler,
+                                                               rate_limiter=rate_limiter, **config),
+                                    if_not_exists=if_not_exists)
+        return _codec.table_info(await self._call(self._stub.CreateTable, req))
+
+    async def drop_table(self, name: str) -> None:
+        await self._call(self._stub.DropTable, pb.DropTableRequest(table=name))
+        self._schemas.pop(name, None)
+
+    async def list_tables(self) -> list[TableInfo]:
+        resp = await self._call(self._stub.ListTables, pb.ListTablesRequest())
+        return [_codec.table_info(t) for t in resp.tables]
+
+    async def describe(self, name: str) -> TableInfo:
+        info = _codec.table_info(await self._call(self._stub.DescribeTable, pb.DescribeTableRequest(table=name)))
+        self._schemas[name] = info.schema
+        return info
+
+    async def insert(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
+                     timeout: float | None = None, durability: str | None = None,
+                     compress: bool = False) -> InsertResult:
+        schema = None
+        if not isinstance(data, (pa.Table, pa.RecordBatch)):
+            schema = self._schemas.get(table) or (await self.describe(table)).schema
+        arrow = _codec.to_arrow(data, schema)
+        timeout = self.timeout if timeout is None else timeout
+        requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
+                                          self.message_bytes)
+        return _codec.insert_result(await self._call(self._stub.Insert, requests, timeout))
+
+    async def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
+                     compress: bool = False) -> SampleBatch:
+        timeout = self.timeout if timeout is None else timeout
+        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress)
+        return _codec.rows([m async for m in self._stream(self._stub.Sample, req, timeout)], with_weights=True)
+
+    async def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
+                     idle_timeout: float | None = None, visibility_timeout: float | None = None,
+                     start: str = "earliest", compress: bool = False) -> AsyncIterator[SampleBatch]:
+        idle_since = time.monotonic()
+        while True:
+            req = pb.StreamRequest(table=table, group=group, batch_size=batch_size, timeout_s=poll_timeout,
+                                   visibility_timeout_s=visibility_timeout or 0, start=start, compress=compress)
+            try:
+                messages = [m async for m in self._stream(self._stub.Stream, req, poll_timeout)]
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                    return
+                continue
+            batch = _codec.rows(messages, with_weights=False)
+            batch._ack = lambda ids=batch.ids: self.ack(table, group, ids)
+            idle_since = time.monotonic()
+            yield batch
+
+    async def ack(self, table: str, group: str, item_ids) -> int:
+        req = pb.AckRequest(table=table, group=group, item_ids=list(map(int, item_ids)))
+        return (await self._call(self._stub.Ack, req)).num_acked
+
+    async def update_priorities(self, table: str, item_ids, priorities) -> int:
+        req = pb.UpdatePrioritiesRequest(table=table, item_ids=list(map(int, item_ids)),
+                                         priorities=list(map(float, priorities)))
+        return (await self._call(self._stub.UpdatePriorities, req)).num_updated
+
+    async def set_policy_version(self, table: str, version: int) -> int:
+        req = pb.SetPolicyVersionRequest(table=table, version=version)
+        return (await self._call(self._stub.SetPolicyVersion, req)).num_expired
+
+    async def get(self, table: str, item_ids, *, compress: bool = False) -> SampleBatch:
+        req = pb.GetRequest(table=table, item_ids=list(map(int, item_ids)), compress=compress)
+        return _codec.rows([m async for m in self._stream(self._stub.Get, req, None)], with_weights=False)
+
+    async def stats(self, table: str | None = None) -> dict[str, dict[str, float]]:
+        return _codec.stats(await self._call(self._stub.Stats, pb.StatsRequest(table=table or "")))
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _deadline(self, timeout: float | None) -> float:
+        return (timeout if timeout is not None else self.timeout) + 5.0
+
+    async def _call(self, method, request, timeout: float | None = None):
+        return await method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+
+    def _stream(self, method, request, timeout: float | None):
+        return method(request, timeout=self._deadline(timeout), metadata=self._metadata)

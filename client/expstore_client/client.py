@@ -1,0 +1,175 @@
+"""The synchronous client, used inside training loops. Thread-safe: one gRPC channel,
+shared by every thread; calls carry no client-side state but a schema cache.
+
+Errors are ``grpc.RpcError`` with the server's status code and message (for example
+DEADLINE_EXCEEDED when the rate limiter held a call back past ``timeout``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import grpc
+import numpy as np
+import pyarrow as pa
+
+from expstore.proto.v1 import expstore_pb2 as pb
+from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
+
+from . import _codec
+from ._codec import InsertResult, TableInfo
+from .batch import SampleBatch
+
+DEFAULT_TIMEOUT = 30.0
+MESSAGE_BYTES = 8 << 20
+MAX_MESSAGE_BYTES = 256 << 20
+
+
+def make_credentials(tls: bool | str | bytes | Path | None) -> grpc.ChannelCredentials | None:
+    """None/False: plaintext. True: TLS with system roots. bytes or a path: TLS trusting
+    that PEM root certificate."""
+    if not tls:
+        return None
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    root = tls if isinstance(tls, bytes) else Path(tls).read_bytes()
+    return grpc.ssl_channel_credentials(root_certificates=root)
+
+
+class Client:
+    """>>> client = Client("127.0.0.1:50051")
+    >>> client.create_table("rollouts", sampler={"type": "prioritized", "alpha": 0.6})
+    >>> client.insert("rollouts", [{"traj_id": "a", ...}])
+    >>> batch = client.sample("rollouts", 256)
+    """
+
+    def __init__(self, target: str = "127.0.0.1:50051", token: str | None = None, *,
+                 tls: bool | str | bytes | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        options = _codec.channel_options(max_message_bytes)
+        creds = make_credentials(tls)
+        self._channel = grpc.secure_channel(target, creds, options) if creds else \
+            grpc.insecure_channel(target, options)
+        self._stub = pb_grpc.ExperienceStoreStub(self._channel)
+        self._metadata = _codec.metadata(token)
+        self.timeout = timeout
+        self.message_bytes = message_bytes
+        self._schemas: dict[str, pa.Schema] = {}
+
+    # -- tables -----------------------------------------------------------------------
+
+    def create_table(self, name: str, *, kind: str = "trajectory", schema: pa.Schema | None = None,
+                     sampler: str | Mapping[str, Any] = "uniform",
+                     rate_limiter: Mapping[str, Any] | None = None, if_not_exists: bool = False,
+                     **config: Any) -> TableInfo:
+        """Create a table. ``config`` takes the other TableConfig fields: remover,
+        max_size, max_times_sampled, max_staleness, memory_bytes, key_column, dedup_window."""
+        req = pb.CreateTableRequest(config=_codec.table_config(name, kind=kind, schema=schema, sampler=sampler,
+                                                               rate_limiter=rate_limiter, **config),
+                                    if_not_exists=if_not_exists)
+        return _codec.table_info(self._call(self._stub.CreateTable, req))
+
+    def drop_table(self, name: str) -> None:
+        self._call(self._stub.DropTable, pb.DropTableRequest(table=name))
+        self._schemas.pop(name, None)
+
+    def list_tables(self) -> list[TableInfo]:
+        return [_codec.table_info(t) for t in self._call(self._stub.ListTables, pb.ListTablesRequest()).tables]
+
+    def describe(self, name: str) -> TableInfo:
+        info = _codec.table_info(self._call(self._stub.DescribeTable, pb.DescribeTableRequest(table=name)))
+        self._schemas[name] = info.schema
+        return info
+
+    # -- rows in ----------------------------------------------------------------------
+
+    def insert(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
+               timeout: float | None = None, durability: str | None = None,
+               compress: bool = False) -> InsertResult:
+        """Insert rows (pa.Table, RecordBatch, list of dicts or dict of arrays), all or
+        none. Waits up to ``timeout`` for the rate limiter. Retrying with the same
+        traj_ids is safe: rows already stored are reported as duplicates."""
+        arrow = _codec.to_arrow(data, self._schema(table, data))
+        timeout = self.timeout if timeout is None else timeout
+        requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
+                                          self.message_bytes)
+        return _codec.insert_result(self._call(self._stub.Insert, requests, timeout))
+
+    # -- rows out ---------------------------------------------------------------------
+
+    def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
+               compress: bool = False) -> SampleBatch:
+        timeout = self.timeout if timeout is None else timeout
+        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress)
+        return _codec.rows(list(self._call(self._stub.Sample, req, timeout)), with_weights=True)
+
+    def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
+               idle_timeout: float | None = None, visibility_timeout: float | None = None,
+               start: str = "earliest", compress: bool = False) -> Iterator[SampleBatch]:
+        """Iterate a consumer group's batches in insertion order (at most ``batch_size``
+        each). Ack each batch (``batch.ack()``) once processed, or it is redelivered
+        after the visibility timeout. Ends after ``idle_timeout`` seconds without rows
+        (None: never)."""
+        idle_since = time.monotonic()
+        while True:
+            req = pb.StreamRequest(table=table, group=group, batch_size=batch_size, timeout_s=poll_timeout,
+                                   visibility_timeout_s=visibility_timeout or 0, start=start, compress=compress)
+            try:
+                messages = list(self._call(self._stub.Stream, req, poll_timeout))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                    return
+                continue
+            batch = _codec.rows(messages, with_weights=False)
+            ids = batch.ids
+            batch._ack = lambda ids=ids: self.ack(table, group, ids)
+            idle_since = time.monotonic()
+            yield batch
+
+    def ack(self, table: str, group: str, item_ids: Sequence[int] | np.ndarray) -> int:
+        resp = self._call(self._stub.Ack, pb.AckRequest(table=table, group=group, item_ids=list(map(int, item_ids))))
+        return resp.num_acked
+
+    def update_priorities(self, table: str, item_ids, priorities) -> int:
+        req = pb.UpdatePrioritiesRequest(table=table, item_ids=list(map(int, item_ids)),
+                                         priorities=list(map(float, priorities)))
+        return self._call(self._stub.UpdatePriorities, req).num_updated
+
+    def set_policy_version(self, table: str, version: int) -> int:
+        """Set the table's current policy version; returns how many stale items left."""
+        req = pb.SetPolicyVersionRequest(table=table, version=version)
+        return self._call(self._stub.SetPolicyVersion, req).num_expired
+
+    def get(self, table: str, item_ids, *, compress: bool = False) -> SampleBatch:
+        req = pb.GetRequest(table=table, item_ids=list(map(int, item_ids)), compress=compress)
+        return _codec.rows(list(self._call(self._stub.Get, req)), with_weights=False)
+
+    def stats(self, table: str | None = None) -> dict[str, dict[str, float]]:
+        return _codec.stats(self._call(self._stub.Stats, pb.StatsRequest(table=table or "")))
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _schema(self, table: str, data: Any) -> pa.Schema | None:
+        if isinstance(data, (pa.Table, pa.RecordBatch)):
+            return None
+        if table not in self._schemas:
+            self.describe(table)
+        return self._schemas[table]
+
+    def _call(self, method, request, timeout: float | None = None):
+        # The RPC deadline leaves the server time to answer DEADLINE_EXCEEDED itself.
+        deadline = (timeout if timeout is not None else self.timeout) + 5.0
+        return method(request, timeout=deadline, metadata=self._metadata)

@@ -1,0 +1,295 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Durability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DURABILITY_UNSPECIFIED: _ClassVar[Durability]
+    DURABILITY_MEMORY: _ClassVar[Durability]
+    DURABILITY_WAL: _ClassVar[Durability]
+    DURABILITY_FSYNC: _ClassVar[Durability]
+DURABILITY_UNSPECIFIED: Durability
+DURABILITY_MEMORY: Durability
+DURABILITY_WAL: Durability
+DURABILITY_FSYNC: Durability
+
+class SamplerConfig(_message.Message):
+    __slots__ = ("type", "alpha", "beta", "group_size", "drop_zero_variance", "group_order", "task_weights")
+    class TaskWeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DROP_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ORDER_FIELD_NUMBER: _ClassVar[int]
+    TASK_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    alpha: float
+    beta: float
+    group_size: int
+    drop_zero_variance: bool
+    group_order: str
+    task_weights: _containers.ScalarMap[str, float]
+    def __init__(self, type: _Optional[str] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., group_size: _Optional[int] = ..., drop_zero_variance: _Optional[bool] = ..., group_order: _Optional[str] = ..., task_weights: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class RateLimiterConfig(_message.Message):
+    __slots__ = ("type", "min_size_to_sample", "samples_per_insert", "error_buffer", "min_diff", "max_diff", "size")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SIZE_TO_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_INSERT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    MIN_DIFF_FIELD_NUMBER: _ClassVar[int]
+    MAX_DIFF_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    min_size_to_sample: int
+    samples_per_insert: float
+    error_buffer: float
+    min_diff: float
+    max_diff: float
+    size: int
+    def __init__(self, type: _Optional[str] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., size: _Optional[int] = ...) -> None: ...
+
+class TableConfig(_message.Message):
+    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    KEY_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    REMOVER_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITER_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    schema: bytes
+    key_column: str
+    sampler: SamplerConfig
+    remover: str
+    max_size: int
+    max_times_sampled: int
+    rate_limiter: RateLimiterConfig
+    max_staleness: int
+    memory_bytes: int
+    dedup_window: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ...) -> None: ...
+
+class CreateTableRequest(_message.Message):
+    __slots__ = ("config", "if_not_exists")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    IF_NOT_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    config: TableConfig
+    if_not_exists: bool
+    def __init__(self, config: _Optional[_Union[TableConfig, _Mapping]] = ..., if_not_exists: _Optional[bool] = ...) -> None: ...
+
+class TableInfo(_message.Message):
+    __slots__ = ("config", "schema", "num_items", "policy_version")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    NUM_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    config: TableConfig
+    schema: bytes
+    num_items: int
+    policy_version: int
+    def __init__(self, config: _Optional[_Union[TableConfig, _Mapping]] = ..., schema: _Optional[bytes] = ..., num_items: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class DropTableRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class DropTableResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTablesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTablesResponse(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeTableRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class InsertRequest(_message.Message):
+    __slots__ = ("table", "arrow_ipc", "priorities", "timeout_s", "durability")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    DURABILITY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    arrow_ipc: bytes
+    priorities: _containers.RepeatedScalarFieldContainer[float]
+    timeout_s: float
+    durability: Durability
+    def __init__(self, table: _Optional[str] = ..., arrow_ipc: _Optional[bytes] = ..., priorities: _Optional[_Iterable[float]] = ..., timeout_s: _Optional[float] = ..., durability: _Optional[_Union[Durability, str]] = ...) -> None: ...
+
+class InsertResponse(_message.Message):
+    __slots__ = ("item_ids", "num_inserted", "num_duplicates")
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_INSERTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_inserted: int
+    num_duplicates: int
+    def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ...) -> None: ...
+
+class SampleRequest(_message.Message):
+    __slots__ = ("table", "batch_size", "timeout_s", "compress")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    COMPRESS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    batch_size: int
+    timeout_s: float
+    compress: bool
+    def __init__(self, table: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ...) -> None: ...
+
+class StreamRequest(_message.Message):
+    __slots__ = ("table", "group", "batch_size", "timeout_s", "visibility_timeout_s", "compress", "start")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    COMPRESS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    group: str
+    batch_size: int
+    timeout_s: float
+    visibility_timeout_s: float
+    compress: bool
+    start: str
+    def __init__(self, table: _Optional[str] = ..., group: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., visibility_timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ..., start: _Optional[str] = ...) -> None: ...
+
+class RowsResponse(_message.Message):
+    __slots__ = ("arrow_ipc", "item_ids", "priorities", "probabilities", "weights", "times_sampled", "policy_versions")
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    arrow_ipc: bytes
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    priorities: _containers.RepeatedScalarFieldContainer[float]
+    probabilities: _containers.RepeatedScalarFieldContainer[float]
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    times_sampled: _containers.RepeatedScalarFieldContainer[int]
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., item_ids: _Optional[_Iterable[int]] = ..., priorities: _Optional[_Iterable[float]] = ..., probabilities: _Optional[_Iterable[float]] = ..., weights: _Optional[_Iterable[float]] = ..., times_sampled: _Optional[_Iterable[int]] = ..., policy_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("table", "group", "item_ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    group: str
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, table: _Optional[str] = ..., group: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("num_acked", "num_already_acked")
+    NUM_ACKED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ALREADY_ACKED_FIELD_NUMBER: _ClassVar[int]
+    num_acked: int
+    num_already_acked: int
+    def __init__(self, num_acked: _Optional[int] = ..., num_already_acked: _Optional[int] = ...) -> None: ...
+
+class UpdatePrioritiesRequest(_message.Message):
+    __slots__ = ("table", "item_ids", "priorities")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    priorities: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, table: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ..., priorities: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class UpdatePrioritiesResponse(_message.Message):
+    __slots__ = ("num_updated",)
+    NUM_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    num_updated: int
+    def __init__(self, num_updated: _Optional[int] = ...) -> None: ...
+
+class SetPolicyVersionRequest(_message.Message):
+    __slots__ = ("table", "version")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    version: int
+    def __init__(self, table: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class SetPolicyVersionResponse(_message.Message):
+    __slots__ = ("version", "num_expired")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    num_expired: int
+    def __init__(self, version: _Optional[int] = ..., num_expired: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("table", "item_ids", "compress")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    compress: bool
+    def __init__(self, table: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ..., compress: _Optional[bool] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class TableStats(_message.Message):
+    __slots__ = ("table", "values")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    values: _containers.ScalarMap[str, float]
+    def __init__(self, table: _Optional[str] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableStats]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,204 @@
+"""Table configuration: plain, validated dataclasses built from dicts.
+
+The same dict shape comes from the server's TOML config and from the CreateTable RPC (the
+servicer turns the proto into a dict), so one parser serves both and its errors read the
+same everywhere. Item counts are bounded here (``max_size``); byte budgets belong to tiers
+(``memory_bytes``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import InvalidArgument
+
+SAMPLER_TYPES = ("uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap", "group")
+REMOVER_TYPES = ("fifo", "lifo", "min_priority")
+KINDS = ("trajectory", "generic")
+RATE_LIMITER_TYPES = ("min_size", "sample_to_insert_ratio", "queue", "stack", "custom")
+TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """How items are chosen for ``Sample``.
+
+    type: one of SAMPLER_TYPES.
+    alpha, beta: prioritized only; P(i) ~ priority_i ** alpha, importance weights
+        (N * P(i)) ** -beta normalised by the batch maximum.
+    group_size: group only; members per GRPO group (>= 1). An item whose own
+        ``group_size`` column is set must agree with it.
+    drop_zero_variance: group only; complete groups whose rewards are all equal are
+        removed instead of sampled (they carry no GRPO signal).
+    group_order: group only; "uniform" over complete groups, or "fifo" (oldest first).
+    task_weights: optional mixing weights per ``task``; a batch is split across tasks
+        by a multinomial draw over the tasks that have items. "*" weighs unlisted tasks;
+        without it they are never sampled.
+    """
+
+    type: str = "uniform"
+    alpha: float = 1.0
+    beta: float = 0.0
+    group_size: int = 0
+    drop_zero_variance: bool = False
+    group_order: str = "uniform"
+    task_weights: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        _one_of("sampler.type", self.type, SAMPLER_TYPES)
+        _require(math.isfinite(self.alpha) and self.alpha >= 0, "sampler.alpha must be a finite number >= 0")
+        _require(math.isfinite(self.beta) and self.beta >= 0, "sampler.beta must be a finite number >= 0")
+        _require(self.group_size >= 0, "sampler.group_size must be >= 0")
+        _require(self.type != "group" or self.group_size >= 1, "the group sampler needs group_size >= 1")
+        _one_of("sampler.group_order", self.group_order, ("uniform", "fifo"))
+        if self.task_weights is not None:
+            _require(len(self.task_weights) > 0, "sampler.task_weights must not be empty")
+            for task, w in self.task_weights.items():
+                _require(math.isfinite(w) and w >= 0, f"sampler.task_weights[{task!r}] must be >= 0")
+            _require(sum(self.task_weights.values()) > 0, "sampler.task_weights must not all be 0")
+
+
+@dataclass(frozen=True)
+class RateLimiterSpec:
+    """Reverb-style rate limiter parameters (see ``expstore.ratelimit``).
+
+    type picks a preset: "min_size" (min_size_to_sample), "sample_to_insert_ratio"
+    (samples_per_insert, min_size_to_sample, error_buffer), "queue"/"stack" (size), or
+    "custom" (samples_per_insert, min_size_to_sample, min_diff, max_diff). Presets refuse
+    parameters that would deadlock.
+    """
+
+    type: str = "min_size"
+    min_size_to_sample: int = 1
+    samples_per_insert: float = 1.0
+    error_buffer: float | None = None
+    min_diff: float | None = None
+    max_diff: float | None = None
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        _one_of("rate_limiter.type", self.type, RATE_LIMITER_TYPES)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Everything a table is created with.
+
+    kind: "trajectory" (protocol v1 schema plus the extra columns in ``schema``) or
+        "generic" (``schema`` is the whole schema).
+    schema: extra columns (trajectory) or the full schema (generic).
+    key_column: idempotency key; a row whose key is live or was removed within the last
+        ``dedup_window`` removals is not stored twice. Trajectory tables use ``traj_id``.
+    max_size: items live for sampling; at the limit the remover makes room.
+    max_times_sampled: an item is removed after this many samples (0: never).
+    max_staleness: with policy version v set, items with policy_version < v -
+        max_staleness are removed from the table (never sampled or streamed).
+    memory_bytes: byte budget of the memory tier.
+    """
+
+    name: str
+    kind: str = "trajectory"
+    schema: pa.Schema | None = None
+    key_column: str | None = None
+    sampler: SamplerSpec = field(default_factory=SamplerSpec)
+    remover: str = "fifo"
+    max_size: int = 1_000_000
+    max_times_sampled: int = 0
+    rate_limiter: RateLimiterSpec = field(default_factory=RateLimiterSpec)
+    max_staleness: int | None = None
+    memory_bytes: int = 2 << 30
+    dedup_window: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and TABLE_NAME.match(self.name) is not None,
+                 f"table name {self.name!r} must match {TABLE_NAME.pattern}")
+        _one_of("kind", self.kind, KINDS)
+        _one_of("remover", self.remover, REMOVER_TYPES)
+        _require(self.max_size >= 1, "max_size must be >= 1")
+        _require(self.max_times_sampled >= 0, "max_times_sampled must be >= 0 (0: unlimited)")
+        _require(self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be >= 0")
+        _require(self.memory_bytes >= 1, "memory_bytes must be >= 1")
+        _require(self.dedup_window >= 0, "dedup_window must be >= 0")
+        if self.kind == "generic":
+            _require(self.schema is not None and len(self.schema) > 0,
+                     "a generic table needs a schema")
+        if self.sampler.type == "group":
+            _require(self.kind == "trajectory", "the group sampler needs a trajectory table (group_id)")
+
+    @property
+    def key(self) -> str | None:
+        return "traj_id" if self.kind == "trajectory" else self.key_column
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TableSpec":
+        """Build from a TOML / JSON-like dict; unknown keys are errors, not ignored."""
+        d = dict(d)
+        _no_unknown_keys("table", d, {f.name for f in fields(cls)} | {"columns"})
+        if "columns" in d:
+            _require("schema" not in d, "give either columns or schema, not both")
+            d["schema"] = schema_from_columns(d.pop("columns"))
+        if isinstance(d.get("sampler"), dict):
+            d["sampler"] = _build("sampler", SamplerSpec, d["sampler"])
+        if isinstance(d.get("rate_limiter"), dict):
+            d["rate_limiter"] = _build("rate_limiter", RateLimiterSpec, d["rate_limiter"])
+        try:
+            return cls(**d)
+        except TypeError as e:  # a value of the wrong type
+            raise InvalidArgument(f"table config: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The inverse of ``from_dict`` (schema as a column -> type-string map)."""
+        d = asdict(self)
+        d["sampler"] = {k: v for k, v in d["sampler"].items() if v is not None}
+        d["rate_limiter"] = {k: v for k, v in d["rate_limiter"].items() if v is not None}
+        d.pop("schema")
+        if self.schema is not None:
+            d["columns"] = {f.name: str(f.type) for f in self.schema}
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def schema_from_columns(columns: dict[str, str]) -> pa.Schema:
+    """``{"score": "float32", "tags": "list<string>"}`` -> pa.Schema."""
+    _require(isinstance(columns, dict), "columns must map column names to type names")
+    return pa.schema([pa.field(name, parse_type(t)) for name, t in columns.items()])
+
+
+def parse_type(text: str) -> pa.DataType:
+    """Parse the type names pyarrow prints: primitives, ``list<T>``, ``large_list<T>``."""
+    t = str(text).strip()
+    for prefix, make in (("list<", pa.list_), ("large_list<", pa.large_list)):
+        if t.startswith(prefix) and t.endswith(">"):
+            inner = t[len(prefix):-1]
+            inner = inner.split(":", 1)[1] if inner.startswith("item:") else inner
+            return make(parse_type(inner))
+    try:
+        return pa.type_for_alias(t)
+    except (ValueError, KeyError):
+        raise InvalidArgument(f"unknown column type {text!r} (e.g. int32, float32, string, list<int32>)") from None
+
+
+def _build(what: str, cls: type, d: dict[str, Any]):
+    _no_unknown_keys(what, d, {f.name for f in fields(cls)})
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise InvalidArgument(f"{what}: {e}") from None
+
+
+def _no_unknown_keys(what: str, d: dict, known: set[str]) -> None:
+    unknown = sorted(set(d) - known)
+    _require(not unknown, f"{what}: unknown key(s) {unknown}; known: {sorted(known)}")
+
+
+def _one_of(what: str, value: Any, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, f"{what} must be one of {list(allowed)}, got {value!r}")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidArgument(message)

@@ -1,0 +1,80 @@
+"""Consumer groups: each group reads a table's items in insertion (id) order, each item
+once, with at-least-once delivery.
+
+A delivered item is *in flight* until acked; one not acked within its visibility timeout
+is delivered again (SQS semantics, on Kafka-style ordered reads). ``position`` is the next
+id the group has not read; ``committed`` is the low watermark below which every item was
+acked or skipped, the offset a restart resumes from. State is numpy arrays, so a batch of
+acks or deliveries is a few vectorised calls. Not thread-safe: the table holds its lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import NotFound
+
+
+class ConsumerGroup:
+    def __init__(self, name: str, position: int) -> None:
+        self.name = name
+        self.position = position
+        self.inflight_ids = np.zeros(0, dtype=np.uint64)
+        self.deadlines = np.zeros(0, dtype=np.float64)
+        self.delivered = 0
+        self.redelivered = 0
+        self.acked = 0
+
+    @property
+    def committed(self) -> int:
+        """Every id below this was acked (or skipped because its item left the table)."""
+        return int(self.inflight_ids.min()) if len(self.inflight_ids) else self.position
+
+    def expired(self, now: float, limit: int) -> np.ndarray:
+        """Up to ``limit`` in-flight ids whose visibility timeout passed, oldest first."""
+        due = self.deadlines <= now
+        if not due.any():
+            return np.zeros(0, dtype=np.uint64)
+        ids = np.sort(self.inflight_ids[due])
+        return ids[:limit]
+
+    def next_deadline(self) -> float | None:
+        return float(self.deadlines.min()) if len(self.deadlines) else None
+
+    def deliver(self, new_ids: np.ndarray, again_ids: np.ndarray, deadline: float) -> None:
+        """Record a delivery: ``new_ids`` read for the first time (ascending, all >= position),
+        ``again_ids`` redelivered from in flight."""
+        if len(again_ids):
+            self.deadlines[np.isin(self.inflight_ids, again_ids)] = deadline
+            self.redelivered += len(again_ids)
+        if len(new_ids):
+            self.inflight_ids = np.concatenate([self.inflight_ids, new_ids])
+            self.deadlines = np.concatenate([self.deadlines, np.full(len(new_ids), deadline)])
+            self.position = int(new_ids[-1]) + 1
+        self.delivered += len(new_ids) + len(again_ids)
+
+    def forget(self, ids: np.ndarray) -> None:
+        """Drop in-flight ids whose items left the table: nothing is left to redeliver."""
+        keep = ~np.isin(self.inflight_ids, ids)
+        self.inflight_ids, self.deadlines = self.inflight_ids[keep], self.deadlines[keep]
+
+    def check_ack(self, ids: np.ndarray, table: str) -> None:
+        """Raise NotFound (and change nothing) if any id was never delivered to the group."""
+        never = (ids >= self.position) & ~np.isin(ids, self.inflight_ids)
+        if never.any():
+            raise NotFound(f"table {table!r}: consumer group {self.name!r} was never delivered "
+                           f"item {int(ids[never][0])}; ack only ids returned by Stream")
+
+    def ack(self, ids: np.ndarray) -> tuple[int, int]:
+        """Ack delivered ids; returns (newly acked, already acked). Call check_ack first."""
+        ids = np.unique(ids)
+        hit = np.isin(self.inflight_ids, ids)
+        n = int(hit.sum())
+        self.inflight_ids, self.deadlines = self.inflight_ids[~hit], self.deadlines[~hit]
+        self.acked += n
+        return n, len(ids) - n
+
+    def stats(self) -> dict[str, float]:
+        return {"position": self.position, "committed": self.committed,
+                "inflight": len(self.inflight_ids), "delivered": self.delivered,
+                "redelivered": self.redelivered, "acked": self.acked}

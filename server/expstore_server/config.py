@@ -1,0 +1,122 @@
+"""Server configuration: a TOML file (``--config``), overridden by command-line flags.
+
+Every key is documented in docs/config.md (a test checks it). Unknown keys are errors, so
+a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from expstore.errors import InvalidArgument
+from expstore.spec import TableSpec
+
+ROLES = ("producer", "trainer", "reader", "admin")
+
+
+@dataclass(frozen=True)
+class TokenConfig:
+    """A bearer token: ``token`` inline or ``token_env`` naming an environment variable."""
+
+    name: str
+    roles: tuple[str, ...]
+    token: str | None = None
+    token_env: str | None = None
+
+    def secret(self) -> str:
+        if self.token_env is not None:
+            value = os.environ.get(self.token_env)
+            if not value:
+                raise InvalidArgument(f"auth token {self.name!r}: environment variable {self.token_env} is empty")
+            return value
+        if not self.token:
+            raise InvalidArgument(f"auth token {self.name!r}: give token or token_env")
+        return self.token
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    data_dir: str = "./expstore-data"
+    workers: int = 8
+    max_message_bytes: int = 256 << 20
+    message_bytes: int = 8 << 20
+    default_timeout_s: float = 30.0
+    visibility_timeout_s: float = 60.0
+    grace_s: float = 30.0
+    log_level: str = "info"
+    audit_log: str | None = None  # default: <data_dir>/audit.jsonl
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tokens: tuple[TokenConfig, ...] = ()
+    tables: tuple[TableSpec, ...] = field(default_factory=tuple)
+
+    @property
+    def audit_path(self) -> Path:
+        return Path(self.audit_log) if self.audit_log else Path(self.data_dir) / "audit.jsonl"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"port must be in 0..65535, got {self.port}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("tls_cert and tls_key go together")
+        if self.workers < 1:
+            raise InvalidArgument("workers must be >= 1")
+        if not 1024 <= self.message_bytes <= self.max_message_bytes:
+            raise InvalidArgument("message_bytes must be in 1024..max_message_bytes")
+        names = [t.name for t in self.tables]
+        if len(names) != len(set(names)):
+            raise InvalidArgument(f"config declares a table twice: {names}")
+
+
+def load(path: str | None, overrides: dict[str, Any]) -> ServerConfig:
+    """Read the TOML file (if any), then apply non-None overrides (command-line flags)."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidArgument(f"config {path}: {e}") from None
+    return from_dict(raw, overrides)
+
+
+def from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> ServerConfig:
+    raw = dict(raw)
+    server = dict(raw.pop("server", {}))
+    auth = dict(raw.pop("auth", {}))
+    tls = dict(raw.pop("tls", {}))
+    tables = raw.pop("tables", [])
+    if raw:
+        raise InvalidArgument(f"config: unknown section(s) {sorted(raw)}; known: server, auth, tls, tables")
+    known = {f.name for f in fields(ServerConfig)} - {"tokens", "tables", "tls_cert", "tls_key"}
+    unknown = set(server) - known
+    if unknown:
+        raise InvalidArgument(f"config [server]: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    tokens = []
+    for t in auth.pop("tokens", []):
+        t = dict(t)
+        bad = set(t) - {"name", "roles", "token", "token_env"}
+        if bad or "name" not in t:
+            raise InvalidArgument(f"config [auth] token entries take name, roles, token|token_env; got {sorted(t)}")
+        roles = tuple(t.get("roles", ()))
+        if not roles or set(roles) - set(ROLES):
+            raise InvalidArgument(f"auth token {t['name']!r}: roles must be a non-empty subset of {list(ROLES)}")
+        tokens.append(TokenConfig(name=t["name"], roles=roles, token=t.get("token"), token_env=t.get("token_env")))
+    if auth:
+        raise InvalidArgument(f"config [auth]: unknown key(s) {sorted(auth)}; known: tokens")
+    if set(tls) - {"cert", "key"}:
+        raise InvalidArgument(f"config [tls]: unknown key(s) {sorted(set(tls) - {'cert', 'key'})}")
+    values: dict[str, Any] = dict(server, tls_cert=tls.get("cert"), tls_key=tls.get("key"))
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            values[k] = v
+    try:
+        return ServerConfig(**values, tokens=tuple(tokens),
+                            tables=tuple(TableSpec.from_dict(t) for t in tables))
+    except TypeError as e:
+        raise InvalidArgument(f"config: {e}") from None

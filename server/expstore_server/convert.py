@@ -1,0 +1,86 @@
+"""Proto <-> engine conversions. Pure functions: no I/O, no gRPC calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from expstore.errors import InvalidArgument
+from expstore.proto import arrow_ipc
+from expstore.proto.messages import message_to_dict
+from expstore.proto.v1 import expstore_pb2 as pb
+from expstore.spec import TableSpec
+from expstore.table import Rows, Table
+
+
+def spec_from_proto(config: pb.TableConfig) -> TableSpec:
+    d = message_to_dict(config)
+    if "schema" in d:
+        try:
+            d["schema"] = arrow_ipc.decode_schema(d["schema"])
+        except (pa.ArrowException, ValueError) as e:
+            raise InvalidArgument(f"table {config.name!r}: schema is not an Arrow IPC schema: {e}") from None
+    if "task_weights" in d.get("sampler", {}) and not d["sampler"]["task_weights"]:
+        del d["sampler"]["task_weights"]
+    return TableSpec.from_dict(d)
+
+
+def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
+    s, r = spec.sampler, spec.rate_limiter
+    sampler = pb.SamplerConfig(type=s.type, alpha=s.alpha, beta=s.beta, group_size=s.group_size,
+                               drop_zero_variance=s.drop_zero_variance, group_order=s.group_order,
+                               task_weights=s.task_weights or {})
+    limiter = pb.RateLimiterConfig(type=r.type, min_size_to_sample=r.min_size_to_sample,
+                                   samples_per_insert=r.samples_per_insert)
+    for name in ("error_buffer", "min_diff", "max_diff", "size"):
+        if getattr(r, name) is not None:
+            setattr(limiter, name, getattr(r, name))
+    config = pb.TableConfig(
+        name=spec.name, kind=spec.kind, sampler=sampler, remover=spec.remover,
+        max_size=spec.max_size, max_times_sampled=spec.max_times_sampled, rate_limiter=limiter,
+        memory_bytes=spec.memory_bytes, dedup_window=spec.dedup_window)
+    if spec.schema is not None:
+        config.schema = arrow_ipc.encode_schema(spec.schema)
+    if spec.key_column is not None:
+        config.key_column = spec.key_column
+    if spec.max_staleness is not None:
+        config.max_staleness = spec.max_staleness
+    return config
+
+
+def table_info(table: Table) -> pb.TableInfo:
+    return pb.TableInfo(config=spec_to_proto(table.spec), schema=arrow_ipc.encode_schema(table.schema),
+                        num_items=len(table), policy_version=table.policy_version)
+
+
+def rows_to_messages(rows: Rows, *, compress: bool, message_bytes: int) -> list[pb.RowsResponse]:
+    """Split rows over messages of about ``message_bytes``, each a whole IPC stream."""
+    out, start = [], 0
+    for part in arrow_ipc.split_rows(rows.data, message_bytes):
+        end = start + part.num_rows
+        msg = pb.RowsResponse(
+            arrow_ipc=arrow_ipc.encode(part, compress=compress),
+            item_ids=rows.item_ids[start:end], priorities=rows.priorities[start:end],
+            times_sampled=rows.times_sampled[start:end], policy_versions=rows.policy_versions[start:end])
+        if rows.probabilities is not None:
+            msg.probabilities.extend(rows.probabilities[start:end])
+            msg.weights.extend(rows.weights[start:end])
+        out.append(msg)
+        start = end
+    return out
+
+
+def decode_rows(data: bytes, what: str) -> pa.Table:
+    """Decode and fully validate an untrusted IPC stream (bad offsets must never reach a take)."""
+    try:
+        table = arrow_ipc.decode(data)
+        table.validate(full=True)
+        return table
+    except (pa.ArrowException, ValueError, OSError) as e:
+        raise InvalidArgument(f"{what}: not a valid Arrow IPC stream: {e}") from None
+
+
+def ids_of(values) -> np.ndarray:
+    return np.fromiter(values, dtype=np.uint64, count=len(values))

@@ -1,0 +1,140 @@
+"""``expstore-server``: the daemon.
+
+Starts a grpc.aio server with the ExperienceStore service and the standard health
+service, on embedded defaults (127.0.0.1:50051, data dir ./expstore-data) unless told
+otherwise. ``--port 0`` picks a free port; the first line on stdout is always
+``expstore-server listening on HOST:PORT``. SIGTERM/SIGINT drain: stop accepting calls,
+let running ones finish (blocked ones end with UNAVAILABLE), exit 0. Logs are JSON lines
+on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from expstore.errors import ExpstoreError
+from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
+from expstore.store import Store
+
+from . import config as config_mod
+from .audit import AuditLog
+from .auth import Authenticator
+from .servicer import Servicer
+
+SERVICE_NAME = "expstore.v1.ExperienceStore"
+log = logging.getLogger("expstore.server")
+
+
+class JsonFormatter(logging.Formatter):
+    _skip = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 6), "level": record.levelname.lower(),
+                 "logger": record.name, "msg": record.getMessage()}
+        entry.update({k: v for k, v in vars(record).items() if k not in self._skip})
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="expstore-server", description="expstore experience server")
+    p.add_argument("--config", help="TOML config file (docs/config.md)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default 50051)")
+    p.add_argument("--data-dir", help="data directory (default ./expstore-data)")
+    p.add_argument("--workers", type=int, help="engine threads (default 8)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--tls-cert", help="PEM certificate chain; enables TLS with --tls-key")
+    p.add_argument("--tls-key", help="PEM private key")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> config_mod.ServerConfig:
+    overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir,
+                 "workers": args.workers, "log_level": args.log_level,
+                 "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    return config_mod.load(args.config, overrides)
+
+
+async def serve(cfg: config_mod.ServerConfig) -> None:
+    Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
+    store = Store()
+    for spec in cfg.tables:
+        store.create_table(spec)
+    audit = AuditLog(cfg.audit_path)
+    servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit)
+    options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
+               ("grpc.max_send_message_length", cfg.max_message_bytes),
+               ("grpc.so_reuseport", 0)]
+    server = grpc.aio.server(options=options)
+    pb_grpc.add_ExperienceStoreServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+
+    address = f"{cfg.host}:{cfg.port}"
+    if cfg.tls_cert:
+        creds = grpc.ssl_server_credentials([(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise ExpstoreError(f"could not bind {address}")
+    await server.start()
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    print(f"expstore-server listening on {cfg.host}:{port}", flush=True)
+    log.info("listening", extra={"host": cfg.host, "port": port, "tls": bool(cfg.tls_cert),
+                                 "auth": bool(cfg.tokens), "tables": [t.name for t in cfg.tables],
+                                 "data_dir": cfg.data_dir, "pid": os.getpid()})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+    started = time.monotonic()
+    log.info("draining", extra={"grace_s": cfg.grace_s})
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    stopping = asyncio.create_task(server.stop(cfg.grace_s))
+    await servicer.drain()
+    await stopping
+    store.close()
+    servicer.close()
+    audit.close()
+    log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = build_config(args)
+    except ExpstoreError as e:
+        print(f"expstore-server: {e}", file=sys.stderr)
+        return 2
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler], force=True)
+    try:
+        asyncio.run(serve(cfg))
+    except ExpstoreError as e:
+        log.error(str(e))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

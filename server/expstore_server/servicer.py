@@ -1,0 +1,290 @@
+"""The ExperienceStore servicer: translate the wire, call the engine, map the status.
+
+Concurrency model: the servicer runs on the grpc.aio event loop. Engine calls run on a
+small thread pool (Arrow and numpy release the GIL, so decoding, gathering and encoding
+overlap with network I/O) and never block there: blocking calls are made with
+``timeout=0`` and the coroutine waits for the table's change notifications instead, so
+a thousand producers held back by the rate limiter cost a thousand coroutines, not a
+thousand threads, and can never starve the trainer's calls of workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+import numpy as np
+
+from expstore.errors import DeadlineExceeded, ExpstoreError, InvalidArgument, Unavailable
+from expstore.proto.v1 import expstore_pb2 as pb
+from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
+from expstore.store import Store
+from expstore.table import Table
+
+from . import convert
+from .audit import AuditLog
+from .auth import Authenticator
+from .config import ServerConfig
+from .errors import status_of
+
+log = logging.getLogger("expstore.server")
+
+
+@dataclass
+class Call:
+    """What the audit log and error messages need to know about one RPC."""
+
+    method: str
+    who: str = "anonymous"
+    table: str | None = None
+    detail: str | None = None
+
+
+def rpc(role: str, *, audit: bool = False):
+    """Wrap a handler: authenticate, run, map engine errors to statuses, audit.
+
+    Works for unary-response handlers (coroutines) and server-streaming ones (async
+    generators). Unexpected exceptions become INTERNAL without leaking internals.
+    """
+
+    def decorate(handler):
+        method = handler.__name__
+
+        async def guard(self: "Servicer", call: Call, context, body):
+            try:
+                call.who = self.auth.authenticate(context.invocation_metadata(), role).name
+                result = await body()
+                outcome = "OK"
+                return result
+            except ExpstoreError as e:
+                outcome = status_of(e).name
+                await context.abort(status_of(e), str(e))
+            except asyncio.CancelledError:
+                outcome = "CANCELLED"
+                raise
+            except Exception:  # a bug: log it, do not leak it
+                outcome = "INTERNAL"
+                log.exception("internal error", extra={"method": method, "table": call.table})
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
+            finally:
+                if audit and self.audit is not None:
+                    self.audit.record(who=call.who, method=method, table=call.table,
+                                      outcome=outcome, detail=call.detail)
+
+        if inspect.isasyncgenfunction(handler):
+            @functools.wraps(handler)
+            async def streaming(self, request, context):
+                call = Call(method, table=getattr(request, "table", None))
+                messages: list = []
+
+                async def body():
+                    messages.extend([m async for m in handler(self, request, context, call)])
+
+                await guard(self, call, context, body)
+                for m in messages:
+                    yield m
+            return streaming
+
+        @functools.wraps(handler)
+        async def unary(self, request, context):
+            call = Call(method, table=getattr(request, "table", None))
+            return await guard(self, call, context, lambda: handler(self, request, context, call))
+        return unary
+
+    return decorate
+
+
+class _ChangeSignal:
+    """Wakes coroutines waiting on a table when the table changes (any thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.event = asyncio.Event()
+
+    def notify(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._fire)
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    def _fire(self) -> None:
+        self.event.set()
+        self.event = asyncio.Event()
+
+
+class Servicer(pb_grpc.ExperienceStoreServicer):
+    def __init__(self, store: Store, config: ServerConfig, auth: Authenticator,
+                 audit: AuditLog | None) -> None:
+        self.store = store
+        self.config = config
+        self.auth = auth
+        self.audit = audit
+        self.draining = False
+        self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix="engine")
+        self._signals: weakref.WeakKeyDictionary[Table, _ChangeSignal] = weakref.WeakKeyDictionary()
+
+    # -- tables -----------------------------------------------------------------------
+
+    @rpc("admin", audit=True)
+    async def CreateTable(self, request, context, call):
+        call.table = request.config.name
+        spec = convert.spec_from_proto(request.config)
+        table = self.store.create_table(spec, if_not_exists=request.if_not_exists)
+        return convert.table_info(table)
+
+    @rpc("admin", audit=True)
+    async def DropTable(self, request, context, call):
+        self.store.drop_table(request.table)
+        return pb.DropTableResponse()
+
+    @rpc("reader")
+    async def ListTables(self, request, context, call):
+        return pb.ListTablesResponse(tables=[convert.table_info(t) for t in self.store.tables()])
+
+    @rpc("reader")
+    async def DescribeTable(self, request, context, call):
+        return convert.table_info(self.store.table(request.table))
+
+    # -- rows in ----------------------------------------------------------------------
+
+    @rpc("producer", audit=True)
+    async def Insert(self, request_iterator, context, call):
+        first, parts, priorities = None, [], []
+        async for req in request_iterator:
+            if first is None:
+                first = req
+                call.table = req.table
+                table = self.store.table(req.table)
+            elif req.table and req.table != first.table:
+                raise InvalidArgument(f"insert message {len(parts)} names table {req.table!r}, "
+                                      f"the first named {first.table!r}; one call inserts into one table")
+            data = await self._run(convert.decode_rows, req.arrow_ipc,
+                                   f"table {first.table!r}: insert message {len(parts)}")
+            if req.priorities and len(req.priorities) != data.num_rows:
+                raise InvalidArgument(f"table {first.table!r}: insert message {len(parts)} has "
+                                      f"{len(req.priorities)} priorities for {data.num_rows} rows")
+            parts.append(data)
+            priorities.append(np.asarray(req.priorities, dtype=np.float64) if req.priorities
+                              else np.ones(data.num_rows))
+        if first is None:
+            raise InvalidArgument("an insert call must send at least one message")
+        prep = await self._run(table.prepare_insert, parts, np.concatenate(priorities))
+        result = await self._blocking(table, lambda: table.commit_insert(prep, timeout=0),
+                                      first.timeout_s, context)
+        call.detail = f"rows={prep.num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
+        return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
+                                 num_duplicates=result.num_duplicates)
+
+    # -- rows out ---------------------------------------------------------------------
+
+    @rpc("trainer")
+    async def Sample(self, request, context, call):
+        table = self.store.table(request.table)
+        rows = await self._blocking(table, lambda: table.sample(request.batch_size, timeout=0),
+                                    request.timeout_s, context)
+        for msg in await self._messages(rows, request.compress):
+            yield msg
+
+    @rpc("trainer")
+    async def Stream(self, request, context, call):
+        table = self.store.table(request.table)
+        visibility = request.visibility_timeout_s or self.config.visibility_timeout_s
+        start = request.start or "earliest"
+        rows = await self._blocking(
+            table, lambda: table.stream(request.group, request.batch_size, timeout=0,
+                                        visibility_timeout=visibility, start=start),
+            request.timeout_s, context)
+        for msg in await self._messages(rows, request.compress):
+            yield msg
+
+    @rpc("trainer", audit=True)
+    async def Ack(self, request, context, call):
+        table = self.store.table(request.table)
+        acked, already = await self._run(table.ack, request.group, convert.ids_of(request.item_ids))
+        call.detail = f"group={request.group} acked={acked}"
+        return pb.AckResponse(num_acked=acked, num_already_acked=already)
+
+    @rpc("trainer", audit=True)
+    async def UpdatePriorities(self, request, context, call):
+        table = self.store.table(request.table)
+        if len(request.item_ids) != len(request.priorities):
+            raise InvalidArgument(f"table {request.table!r}: {len(request.item_ids)} ids but "
+                                  f"{len(request.priorities)} priorities")
+        n = await self._run(table.update_priorities, convert.ids_of(request.item_ids),
+                            np.asarray(request.priorities, dtype=np.float64))
+        return pb.UpdatePrioritiesResponse(num_updated=n)
+
+    @rpc("trainer", audit=True)
+    async def SetPolicyVersion(self, request, context, call):
+        table = self.store.table(request.table)
+        expired = await self._run(table.set_policy_version, request.version)
+        call.detail = f"version={request.version} expired={expired}"
+        return pb.SetPolicyVersionResponse(version=table.policy_version, num_expired=expired)
+
+    @rpc("reader")
+    async def Get(self, request, context, call):
+        table = self.store.table(request.table)
+        rows = await self._run(table.get, convert.ids_of(request.item_ids))
+        for msg in await self._messages(rows, request.compress):
+            yield msg
+
+    @rpc("reader")
+    async def Stats(self, request, context, call):
+        tables = [self.store.table(request.table)] if request.table else self.store.tables()
+        stats = await self._run(lambda: [(t.name, t.stats()) for t in tables])
+        return pb.StatsResponse(tables=[pb.TableStats(table=name, values=values) for name, values in stats])
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Stop waiting: blocked calls end with UNAVAILABLE; running ones finish."""
+        self.draining = True
+        for signal in list(self._signals.values()):
+            signal.notify()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    async def _run(self, fn: Callable, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _messages(self, rows, compress: bool) -> list:
+        return await self._run(functools.partial(convert.rows_to_messages, rows, compress=compress,
+                                                 message_bytes=self.config.message_bytes))
+
+    async def _blocking(self, table: Table, attempt: Callable, timeout_s: float, context) -> Any:
+        """Run a non-blocking engine call until it succeeds, waiting for table changes
+        in between, for up to ``timeout_s`` (bounded by the client's own deadline)."""
+        loop = asyncio.get_running_loop()
+        signal = self._signals.get(table)
+        if signal is None:
+            signal = self._signals[table] = _ChangeSignal(loop)
+            table.subscribe(signal.notify)
+        limit = timeout_s if timeout_s > 0 else 0.0
+        remaining_rpc = context.time_remaining()
+        if remaining_rpc is not None:
+            limit = min(limit, max(0.0, remaining_rpc - 0.05))
+        deadline = time.monotonic() + limit
+        while True:
+            event = signal.event  # taken before the attempt: a change during it still wakes us
+            try:
+                return await self._run(attempt)
+            except DeadlineExceeded as e:
+                if self.draining:
+                    raise Unavailable("server is draining; retry on another server or after restart") from None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                wait = remaining if e.retry_after is None else min(remaining, max(e.retry_after, 0.001))
+                try:
+                    await asyncio.wait_for(event.wait(), wait)
+                except TimeoutError:
+                    pass

@@ -1,0 +1,92 @@
+"""Shared fixtures: a real expstore-server in a subprocess on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    address: str
+    data_dir: Path
+    stderr_lines: list[str]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.stderr_lines)
+
+
+def start_server(data_dir: Path, config: str | None = None, *args: str, env: dict | None = None) -> ServerProcess:
+    """Start expstore-server on a free port; return once it prints its address."""
+    cmd = [sys.executable, "-m", "expstore_server.main", "--port", "0", "--data-dir", str(data_dir), *args]
+    if config is not None:
+        path = data_dir.parent / f"{data_dir.name}.toml"
+        path.write_text(textwrap.dedent(config))
+        cmd += ["--config", str(path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    stderr_lines: list[str] = []
+    threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
+    line = proc.stdout.readline()
+    if not line.startswith("expstore-server listening on "):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"server did not start: {line!r} {''.join(stderr_lines)}")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
+    return ServerProcess(proc, line.rsplit(" ", 1)[1].strip(), data_dir, stderr_lines)
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    started: list[ServerProcess] = []
+
+    def make(config: str | None = None, *args: str, env: dict | None = None) -> ServerProcess:
+        s = start_server(tmp_path / f"data{len(started)}", config, *args, env=env)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """One server for the many tests that only need an empty table of their own."""
+    with tempfile.TemporaryDirectory() as tmp:
+        s = start_server(Path(tmp) / "data")
+        yield s
+        s.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def client(shared_server):
+    from expstore_client import Client
+
+    c = Client(shared_server.address)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def table_name(request):
+    """A table name unique to the test (tables live on the shared server)."""
+    return "t_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[:100]
