@@ -48,9 +48,10 @@ from .spec import RateLimiterSpec
 
 BIG = sys.float_info.max  # Reverb's MinSize uses +-max float for "no bound"
 UNBOUNDED = 2**62  # what max_*_batch report when nothing but memory bounds a batch
-_USES = {"min_size": ("min_size_to_sample",), "queue": ("size",), "stack": ("size",),
-         "sample_to_insert_ratio": ("samples_per_insert", "min_size_to_sample", "error_buffer"),
-         "custom": ("samples_per_insert", "min_size_to_sample", "min_diff", "max_diff")}
+_USES = {  # the RateLimiterSpec fields each preset reads, in its signature's order
+    "min_size": ("min_size_to_sample",), "queue": ("size",), "stack": ("size",),
+    "sample_to_insert_ratio": ("samples_per_insert", "min_size_to_sample", "error_buffer"),
+    "custom": ("samples_per_insert", "min_size_to_sample", "min_diff", "max_diff")}
 _REMEDY = {"queue": "raise size", "stack": "raise size",
            "sample_to_insert_ratio": "widen error_buffer"}
 
@@ -101,7 +102,7 @@ class RateLimiter:
                      f"[min_diff, max_diff] pair, got {error_buffer!r}")
             lo, hi = (_bound(f"error_buffer[{i}]", v) for i, v in enumerate(error_buffer))
         else:
-            eb = _bound("error_buffer", error_buffer)
+            eb = _number("error_buffer", error_buffer)
             _require(math.isfinite(eb), "rate_limiter.error_buffer must be finite; for no "
                      "upper bound use the min_size rate limiter")
             lo, hi = offset - eb, offset + eb
@@ -113,8 +114,9 @@ class RateLimiter:
                  f"min_size_to_sample ({offset:g}): sampling could not start once min size is "
                  f"reached; lower min_diff to <= {offset:g}")
         _require(hi >= offset, f"rate_limiter: max_diff ({hi:g}) < samples_per_insert * "
-                 f"min_size_to_sample ({offset:g}): inserts block as soon as min size is reached "
-                 f"and a caller that inserts then samples deadlocks; raise max_diff to >= {offset:g}")
+                 f"min_size_to_sample ({offset:g}): inserts block as soon as min size is "
+                 f"reached and a caller that inserts then samples deadlocks; raise max_diff "
+                 f"to >= {offset:g}")
         return cls(spi, m, lo, hi, kind="sample_to_insert_ratio")
 
     @classmethod
@@ -144,15 +146,7 @@ class RateLimiter:
                  f"it takes {', '.join(uses)}")
         missing = [k for k in uses if getattr(spec, k) is None]
         _require(not missing, f"rate_limiter type {spec.type!r} needs {', '.join(missing)}")
-        s = spec
-        if s.type == "min_size":
-            return cls.min_size(s.min_size_to_sample)
-        if s.type == "sample_to_insert_ratio":
-            return cls.sample_to_insert_ratio(s.samples_per_insert, s.min_size_to_sample,
-                                              s.error_buffer)
-        if s.type in ("queue", "stack"):
-            return getattr(cls, s.type)(s.size)
-        return cls.custom(s.samples_per_insert, s.min_size_to_sample, s.min_diff, s.max_diff)
+        return getattr(cls, spec.type)(*(getattr(spec, k) for k in uses))  # in signature order
 
     @property
     def size(self) -> int:
@@ -273,8 +267,8 @@ def _number(name: str, v: Any) -> float:
 
 def _positive(v: Any) -> float:
     x = _number("samples_per_insert", v)
-    _require(math.isfinite(x) and x > 0,
-             f"rate_limiter.samples_per_insert must be a finite number > 0, got {v!r}")
+    _require(math.isfinite(x) and x > 0, f"rate_limiter.samples_per_insert must be a finite "
+             f"number > 0, got {v!r}")
     return x
 
 

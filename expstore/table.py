@@ -397,6 +397,13 @@ class Table:
 
     # -- lifecycle --------------------------------------------------------------------
 
+    def record_wait(self, op: str, seconds: float) -> None:
+        """Count a wait done outside the table (the asyncio server waits for
+        notifications between ``timeout=0`` attempts) in the same stats as in-table waits."""
+        with self._cond:
+            self.counters[f"{op}_waits"] += 1
+            self.counters[f"{op}_wait_seconds"] += seconds
+
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change (under the lock: it must not block)."""
         with self._cond:
@@ -556,11 +563,11 @@ class Table:
         now = self._clock()
         if deadline is not None and now >= deadline:
             raise DeadlineExceeded(f"table {self.name!r}: {why}", retry_after=retry_after)
-        self.counters[f"{op}_waits"] += 1
         limit = None if deadline is None else deadline - now
         if retry_after is not None:
             limit = retry_after if limit is None else min(limit, retry_after)
         self._cond.wait(limit)
+        self.counters[f"{op}_waits"] += 1
         self.counters[f"{op}_wait_seconds"] += self._clock() - now
 
     def _check_open(self) -> None:

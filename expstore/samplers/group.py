@@ -114,7 +114,7 @@ class GroupSampler(Selector):
         new = uniq[self._row[uniq] < 0]
         self._row[new] = self._alloc(len(new))
         self._members[self._row[codes], arrival] = slots
-        done = uniq[self._arrived[uniq] == self.group_size]
+        done = uniq[self._arrived[uniq] >= self.group_size]  # extras were cut above
         if len(done):
             self._complete(done)
 

@@ -15,7 +15,7 @@ Every operation works on a whole batch with one loop over the tree's
 
 - ``set(slots, values)``: O(k log C) for k slots (a level is recomputed whole, with
   strided slices, once the batch covers a good share of it: a bulk load is O(C)).
-- ``find(targets)``: O(k log C) for k targets; ~0.1 ms for 256 targets over 10M leaves.
+- ``find(targets)``: O(k log C) for k targets; ~0.15 ms for 256 targets over 10M leaves.
 - ``total``: O(1).
 
 Not thread-safe; the owning selector's caller holds the lock.

@@ -46,7 +46,6 @@ class ServerConfig:
     workers: int = 8
     max_message_bytes: int = 256 << 20
     message_bytes: int = 8 << 20
-    default_timeout_s: float = 30.0
     visibility_timeout_s: float = 60.0
     grace_s: float = 30.0
     log_level: str = "info"

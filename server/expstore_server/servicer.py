@@ -177,7 +177,7 @@ class Servicer(pb_grpc.ExperienceStoreServicer):
         if first is None:
             raise InvalidArgument("an insert call must send at least one message")
         prep = await self._run(table.prepare_insert, parts, np.concatenate(priorities))
-        result = await self._blocking(table, lambda: table.commit_insert(prep, timeout=0),
+        result = await self._blocking(table, "insert", lambda: table.commit_insert(prep, timeout=0),
                                       first.timeout_s, context)
         call.detail = f"rows={prep.num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
@@ -188,7 +188,7 @@ class Servicer(pb_grpc.ExperienceStoreServicer):
     @rpc("trainer")
     async def Sample(self, request, context, call):
         table = self.store.table(request.table)
-        rows = await self._blocking(table, lambda: table.sample(request.batch_size, timeout=0),
+        rows = await self._blocking(table, "sample", lambda: table.sample(request.batch_size, timeout=0),
                                     request.timeout_s, context)
         for msg in await self._messages(rows, request.compress):
             yield msg
@@ -199,7 +199,7 @@ class Servicer(pb_grpc.ExperienceStoreServicer):
         visibility = request.visibility_timeout_s or self.config.visibility_timeout_s
         start = request.start or "earliest"
         rows = await self._blocking(
-            table, lambda: table.stream(request.group, request.batch_size, timeout=0,
+            table, "stream", lambda: table.stream(request.group, request.batch_size, timeout=0,
                                         visibility_timeout=visibility, start=start),
             request.timeout_s, context)
         for msg in await self._messages(rows, request.compress):
@@ -260,31 +260,39 @@ class Servicer(pb_grpc.ExperienceStoreServicer):
         return await self._run(functools.partial(convert.rows_to_messages, rows, compress=compress,
                                                  message_bytes=self.config.message_bytes))
 
-    async def _blocking(self, table: Table, attempt: Callable, timeout_s: float, context) -> Any:
+    async def _blocking(self, table: Table, op: str, attempt: Callable, timeout_s: float, context) -> Any:
         """Run a non-blocking engine call until it succeeds, waiting for table changes
-        in between, for up to ``timeout_s`` (bounded by the client's own deadline)."""
+        in between, for up to ``timeout_s`` (bounded by the client's own deadline). A call
+        that had to wait is counted once in the table's ``<op>_waits`` stats."""
         loop = asyncio.get_running_loop()
         signal = self._signals.get(table)
         if signal is None:
             signal = self._signals[table] = _ChangeSignal(loop)
             table.subscribe(signal.notify)
-        limit = timeout_s if timeout_s > 0 else 0.0
+        limit = max(0.0, timeout_s)
         remaining_rpc = context.time_remaining()
         if remaining_rpc is not None:
             limit = min(limit, max(0.0, remaining_rpc - 0.05))
-        deadline = time.monotonic() + limit
-        while True:
-            event = signal.event  # taken before the attempt: a change during it still wakes us
-            try:
-                return await self._run(attempt)
-            except DeadlineExceeded as e:
-                if self.draining:
-                    raise Unavailable("server is draining; retry on another server or after restart") from None
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise
-                wait = remaining if e.retry_after is None else min(remaining, max(e.retry_after, 0.001))
+        started = time.monotonic()
+        deadline = started + limit
+        waited = False
+        try:
+            while True:
+                event = signal.event  # taken before the attempt: a change during it still wakes us
                 try:
-                    await asyncio.wait_for(event.wait(), wait)
-                except TimeoutError:
-                    pass
+                    return await self._run(attempt)
+                except DeadlineExceeded as e:
+                    if self.draining:
+                        raise Unavailable("server is draining; retry on another server or after restart") from None
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    waited = True
+                    wait = remaining if e.retry_after is None else min(remaining, max(e.retry_after, 0.001))
+                    try:
+                        await asyncio.wait_for(event.wait(), wait)
+                    except TimeoutError:
+                        pass
+        finally:
+            if waited:
+                table.record_wait(op, time.monotonic() - started)

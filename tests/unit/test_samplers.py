@@ -251,11 +251,12 @@ def test_heaps_order_ties_updates_and_reuse():
 def test_ordered_and_heaps_match_a_reference_model(ops):
     pool = Pool()
     sels = {"fifo": Fifo(), "lifo": Lifo(), "max": MaxHeap(), "min": MinHeap(),
-            "uniform": Uniform(), "prio": Prioritized(0.6, 0.4, capacity=1)}
+            "uniform": Uniform(), "prio": Prioritized(0.6, 0.4, capacity=1),
+            "mix": TaskMixture({"t0": 1.0, "*": 2.0}, codebook("t0", "t1"), Lifo)}
     for op, k, seed in ops:
         rng = np.random.default_rng(seed)
         if op == "insert":
-            batch = pool.new(k, priorities=rng.integers(0, 4, k).astype(float))
+            batch = pool.new(k, priorities=rng.integers(0, 4, k).astype(float), tasks=rng.integers(-1, 2, k))
             for s in sels.values():
                 s.insert(batch)
         elif pool.live:
@@ -280,6 +281,8 @@ def test_ordered_and_heaps_match_a_reference_model(ops):
             live, key=lambda x: (-live[x]["priority"], live[x]["id"]))
         assert sels["min"].sample(len(live)).slots.tolist() == sorted(
             live, key=lambda x: (live[x]["priority"], live[x]["id"]))
+        mixed = sels["mix"].sample(len(live), rng).slots.tolist()
+        assert sorted(mixed) == sorted(live)
         if live:
             assert set(sels["uniform"].sample(20, rng).slots.tolist()) <= set(live)
             got = sels["prio"].sample(20, rng).slots.tolist()
@@ -446,9 +449,15 @@ def test_mixture_caps_distinct_children_and_redistributes():
     mix = TaskMixture({"a": 0.9, "b": 0.1}, cb, Fifo)
     mix.insert(items(np.arange(6), tasks=[0, 0, 1, 1, 1, 1]))
     rng = np.random.default_rng(0)
+    from_a = []
     for _ in range(50):
-        sel = mix.sample(5, rng)  # a can give only 2: the rest comes from b
-        assert sorted(sel.slots.tolist()) in ([0, 1, 2, 3, 4],)
+        sel = mix.sample(5, rng)  # a can give only 2: the excess is redrawn from b
+        got = sel.slots.tolist()
+        assert len(set(got)) == 5
+        a, b = [x for x in got if x < 2], [x for x in got if x >= 2]
+        assert a == [0, 1][:len(a)] and b == [2, 3, 4, 5][:len(b)]  # each child in fifo order
+        from_a.append(len(a))
+    assert np.mean(np.array(from_a) == 2) > 0.9
     assert mix.can_sample(6) and not mix.can_sample(7)
     with pytest.raises(FailedPrecondition):
         mix.sample(7, rng)
