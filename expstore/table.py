@@ -245,9 +245,9 @@ class Table:
         self._check_sample_size(n)
         deadline = self._deadline(timeout)
         with self._cond:
-            self._limiter.check_sample_batch(n)
             while True:
                 self._check_open()
+                self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
                 if self._limiter.can_sample(n):
                     if self._sampler.can_sample(n):
                         break

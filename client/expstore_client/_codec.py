@@ -9,7 +9,9 @@ import numpy as np
 import pyarrow as pa
 
 from expstore.proto import arrow_ipc
+from expstore.proto import framing
 from expstore.proto.messages import message_to_dict
+from expstore.proto.service import INSERT_PAYLOAD
 from expstore.proto.v1 import expstore_pb2 as pb
 
 from .batch import SampleBatch
@@ -23,6 +25,7 @@ class InsertResult:
     item_ids: np.ndarray
     num_inserted: int
     num_duplicates: int
+    num_stale: int  # acknowledged, but already older than the table's staleness bound
 
 
 @dataclass(frozen=True)
@@ -98,34 +101,37 @@ def _column(values: Any, type_: pa.DataType | None) -> pa.Array:
 
 def insert_requests(table: str, data: pa.Table, priorities: Sequence[float] | None,
                     timeout: float, durability: str | None, compress: bool,
-                    message_bytes: int) -> Iterator[pb.InsertRequest]:
-    """One request per ~message_bytes of whole rows; the first carries the call's options."""
+                    message_bytes: int) -> Iterator[bytes]:
+    """Framed InsertRequests of ~message_bytes of whole rows each (the payload is joined
+    once, never copied by protobuf); the first carries the call's options."""
     pr = None if priorities is None else np.asarray(priorities, dtype=np.float64)
     if pr is not None and len(pr) != data.num_rows:
         raise ValueError(f"{len(pr)} priorities for {data.num_rows} rows")
     start = 0
     for i, part in enumerate(arrow_ipc.split_rows(data, message_bytes)):
-        req = pb.InsertRequest(arrow_ipc=arrow_ipc.encode(part, compress=compress))
+        req = pb.InsertRequest()
         if i == 0:
             req.table, req.timeout_s, req.durability = table, timeout, DURABILITY[durability]
         if pr is not None:
-            req.priorities.extend(pr[start:start + part.num_rows])
+            req.priorities.extend(pr[start:start + part.num_rows].tolist())
         start += part.num_rows
-        yield req
+        yield framing.encode(req, INSERT_PAYLOAD, arrow_ipc.encode(part, compress=compress))
 
 
 def insert_result(resp: pb.InsertResponse) -> InsertResult:
-    return InsertResult(np.array(resp.item_ids, dtype=np.uint64), resp.num_inserted, resp.num_duplicates)
+    return InsertResult(np.array(resp.item_ids, dtype=np.uint64), resp.num_inserted, resp.num_duplicates,
+                        resp.num_stale)
 
 
-def rows(messages: Sequence[pb.RowsResponse], with_weights: bool) -> SampleBatch:
-    """RowsResponse messages of one batch -> SampleBatch (Arrow buffers not copied)."""
-    tables = [arrow_ipc.decode(m.arrow_ipc) for m in messages]
+def rows(messages: Sequence[tuple[pb.RowsResponse, memoryview]], with_weights: bool) -> SampleBatch:
+    """Decoded RowsResponses of one batch -> SampleBatch. The Arrow data points into the
+    received message buffers: no copy between the wire and the arrays handed out."""
+    tables = [arrow_ipc.decode(payload) for _, payload in messages]
     data = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def col(name: str, dtype) -> np.ndarray:
-        return np.array([v for m in messages for v in getattr(m, name)], dtype=dtype) if len(messages) != 1 \
-            else np.array(getattr(messages[0], name), dtype=dtype)
+        return np.concatenate([np.asarray(getattr(m, name), dtype=dtype) for m, _ in messages]) \
+            if messages else np.zeros(0, dtype)
 
     return SampleBatch(
         ids=col("item_ids", np.uint64), data=data, priorities=col("priorities", np.float64),

@@ -11,7 +11,7 @@ import grpc
 import pyarrow as pa
 
 from expstore.proto.v1 import expstore_pb2 as pb
-from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
+from expstore.proto.service import client_stub
 
 from . import _codec
 from ._codec import InsertResult, TableInfo
@@ -27,7 +27,7 @@ class AsyncClient:
         creds = make_credentials(tls)
         self._channel = grpc.aio.secure_channel(target, creds, options) if creds else \
             grpc.aio.insecure_channel(target, options)
-        self._stub = pb_grpc.ExperienceStoreStub(self._channel)
+        self._stub = client_stub(self._channel)
         self._metadata = _codec.metadata(token)
         self.timeout = timeout
         self.message_bytes = message_bytes

@@ -13,19 +13,21 @@ _PLAIN = pa.ipc.IpcWriteOptions()
 _ZSTD = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
-def encode(data: pa.RecordBatch | pa.Table, *, compress: bool = False) -> bytes:
+def encode(data: pa.RecordBatch | pa.Table, *, compress: bool = False) -> pa.Buffer:
+    """An IPC stream in an Arrow buffer (buffer protocol; ``.to_pybytes()`` for protobuf)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema, options=_ZSTD if compress else _PLAIN) as writer:
         writer.write(data)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
 def encode_schema(schema: pa.Schema) -> bytes:
     return schema.serialize().to_pybytes()
 
 
-def decode(data: bytes) -> pa.Table:
-    """An IPC stream -> pa.Table whose buffers point into ``data`` (no copy unless compressed)."""
+def decode(data) -> pa.Table:
+    """An IPC stream (bytes, memoryview, pa.Buffer) -> pa.Table whose buffers point into
+    ``data`` (no copy unless compressed)."""
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 

@@ -9,7 +9,9 @@ import pyarrow as pa
 
 from expstore.errors import InvalidArgument
 from expstore.proto import arrow_ipc
+from expstore.proto import framing
 from expstore.proto.messages import message_to_dict
+from expstore.proto.service import ROWS_PAYLOAD
 from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.spec import TableSpec
 from expstore.table import Rows, Table
@@ -55,24 +57,25 @@ def table_info(table: Table) -> pb.TableInfo:
                         num_items=len(table), policy_version=table.policy_version)
 
 
-def rows_to_messages(rows: Rows, *, compress: bool, message_bytes: int) -> list[pb.RowsResponse]:
-    """Split rows over messages of about ``message_bytes``, each a whole IPC stream."""
+def rows_to_messages(rows: Rows, *, compress: bool, message_bytes: int) -> list[bytes]:
+    """Split rows over framed RowsResponse messages of about ``message_bytes``, each a
+    whole IPC stream (see ``expstore.proto.framing``: the payload is not copied by protobuf)."""
     out, start = [], 0
     for part in arrow_ipc.split_rows(rows.data, message_bytes):
         end = start + part.num_rows
-        msg = pb.RowsResponse(
-            arrow_ipc=arrow_ipc.encode(part, compress=compress),
-            item_ids=rows.item_ids[start:end], priorities=rows.priorities[start:end],
-            times_sampled=rows.times_sampled[start:end], policy_versions=rows.policy_versions[start:end])
+        meta = pb.RowsResponse(
+            item_ids=rows.item_ids[start:end].tolist(), priorities=rows.priorities[start:end].tolist(),
+            times_sampled=rows.times_sampled[start:end].tolist(),
+            policy_versions=rows.policy_versions[start:end].tolist())
         if rows.probabilities is not None:
-            msg.probabilities.extend(rows.probabilities[start:end])
-            msg.weights.extend(rows.weights[start:end])
-        out.append(msg)
+            meta.probabilities.extend(rows.probabilities[start:end].tolist())
+            meta.weights.extend(rows.weights[start:end].tolist())
+        out.append(framing.encode(meta, ROWS_PAYLOAD, arrow_ipc.encode(part, compress=compress)))
         start = end
     return out
 
 
-def decode_rows(data: bytes, what: str) -> pa.Table:
+def decode_rows(data, what: str) -> pa.Table:
     """Decode and fully validate an untrusted IPC stream (bad offsets must never reach a take)."""
     try:
         table = arrow_ipc.decode(data)

@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from expstore.errors import ExpstoreError
-from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
+from expstore.proto.service import SERVICE, server_handler
 from expstore.store import Store
 
 from . import config as config_mod
@@ -32,7 +32,6 @@ from .audit import AuditLog
 from .auth import Authenticator
 from .servicer import Servicer
 
-SERVICE_NAME = "expstore.v1.ExperienceStore"
 log = logging.getLogger("expstore.server")
 
 
@@ -48,7 +47,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expstore-server", description="expstore experience server")
     p.add_argument("--config", help="TOML config file (docs/config.md)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -58,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tls-cert", help="PEM certificate chain; enables TLS with --tls-key")
     p.add_argument("--tls-key", help="PEM private key")
-    return p.parse_args(argv)
+    return p
 
 
 def build_config(args: argparse.Namespace) -> config_mod.ServerConfig:
@@ -79,7 +78,7 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
                ("grpc.max_send_message_length", cfg.max_message_bytes),
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options)
-    pb_grpc.add_ExperienceStoreServicer_to_server(servicer, server)
+    server.add_generic_rpc_handlers((server_handler(servicer),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
 
@@ -92,7 +91,7 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
     if port == 0:
         raise ExpstoreError(f"could not bind {address}")
     await server.start()
-    for service in ("", SERVICE_NAME):
+    for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     print(f"expstore-server listening on {cfg.host}:{port}", flush=True)
     log.info("listening", extra={"host": cfg.host, "port": port, "tls": bool(cfg.tls_cert),
@@ -107,7 +106,7 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
 
     started = time.monotonic()
     log.info("draining", extra={"grace_s": cfg.grace_s})
-    for service in ("", SERVICE_NAME):
+    for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     stopping = asyncio.create_task(server.stop(cfg.grace_s))
     await servicer.drain()
@@ -119,7 +118,7 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         cfg = build_config(args)
     except ExpstoreError as e:

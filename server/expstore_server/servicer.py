@@ -24,8 +24,8 @@ import grpc
 import numpy as np
 
 from expstore.errors import DeadlineExceeded, ExpstoreError, InvalidArgument, Unavailable
+from expstore.proto.service import Malformed
 from expstore.proto.v1 import expstore_pb2 as pb
-from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
 from expstore.store import Store
 from expstore.table import Table
 
@@ -86,6 +86,7 @@ def rpc(role: str, *, audit: bool = False):
                 messages: list = []
 
                 async def body():
+                    _check_parsed(request, method)
                     messages.extend([m async for m in handler(self, request, context, call)])
 
                 await guard(self, call, context, body)
@@ -96,10 +97,20 @@ def rpc(role: str, *, audit: bool = False):
         @functools.wraps(handler)
         async def unary(self, request, context):
             call = Call(method, table=getattr(request, "table", None))
-            return await guard(self, call, context, lambda: handler(self, request, context, call))
+
+            async def body():
+                _check_parsed(request, method)
+                return await handler(self, request, context, call)
+
+            return await guard(self, call, context, body)
         return unary
 
     return decorate
+
+
+def _check_parsed(request, method: str) -> None:
+    if isinstance(request, Malformed):
+        raise InvalidArgument(f"{method}: the request is not a valid protobuf message ({request.error})")
 
 
 class _ChangeSignal:
@@ -120,7 +131,7 @@ class _ChangeSignal:
         self.event = asyncio.Event()
 
 
-class Servicer(pb_grpc.ExperienceStoreServicer):
+class Servicer:
     def __init__(self, store: Store, config: ServerConfig, auth: Authenticator,
                  audit: AuditLog | None) -> None:
         self.store = store
@@ -158,7 +169,9 @@ class Servicer(pb_grpc.ExperienceStoreServicer):
     @rpc("producer", audit=True)
     async def Insert(self, request_iterator, context, call):
         first, parts, priorities = None, [], []
-        async for req in request_iterator:
+        async for item in request_iterator:
+            _check_parsed(item, "Insert")
+            req, payload = item
             if first is None:
                 first = req
                 call.table = req.table
@@ -166,7 +179,7 @@ class Servicer(pb_grpc.ExperienceStoreServicer):
             elif req.table and req.table != first.table:
                 raise InvalidArgument(f"insert message {len(parts)} names table {req.table!r}, "
                                       f"the first named {first.table!r}; one call inserts into one table")
-            data = await self._run(convert.decode_rows, req.arrow_ipc,
+            data = await self._run(convert.decode_rows, payload,
                                    f"table {first.table!r}: insert message {len(parts)}")
             if req.priorities and len(req.priorities) != data.num_rows:
                 raise InvalidArgument(f"table {first.table!r}: insert message {len(parts)} has "
@@ -181,7 +194,7 @@ class Servicer(pb_grpc.ExperienceStoreServicer):
                                       first.timeout_s, context)
         call.detail = f"rows={prep.num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
-                                 num_duplicates=result.num_duplicates)
+                                 num_duplicates=result.num_duplicates, num_stale=result.num_stale)
 
     # -- rows out ---------------------------------------------------------------------
 

@@ -150,14 +150,16 @@ class InsertRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., arrow_ipc: _Optional[bytes] = ..., priorities: _Optional[_Iterable[float]] = ..., timeout_s: _Optional[float] = ..., durability: _Optional[_Union[Durability, str]] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
-    __slots__ = ("item_ids", "num_inserted", "num_duplicates")
+    __slots__ = ("item_ids", "num_inserted", "num_duplicates", "num_stale")
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_INSERTED_FIELD_NUMBER: _ClassVar[int]
     NUM_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    NUM_STALE_FIELD_NUMBER: _ClassVar[int]
     item_ids: _containers.RepeatedScalarFieldContainer[int]
     num_inserted: int
     num_duplicates: int
-    def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ...) -> None: ...
+    num_stale: int
+    def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ..., num_stale: _Optional[int] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
     __slots__ = ("table", "batch_size", "timeout_s", "compress")

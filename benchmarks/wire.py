@@ -1,0 +1,134 @@
+"""expstore over the wire vs the raw gRPC ceiling, in this process's environment.
+
+For each item size (~36 KiB: ``trajectories(256, tokens=4096)``; ~300 B: tokens=20) and
+each round, four measurements run back to back, so the ceiling and expstore see the same
+machine state on this noisy VM:
+
+1. raw upload   (``raw_grpc``, client streaming) of the batch's insert messages,
+2. expstore ``Client.insert`` of 256 rows (fresh traj_ids every call; table ``max_size``
+   bounds memory, so steady state includes FIFO eviction),
+3. raw download (server streaming) of the batch's sample messages,
+4. expstore ``Client.sample(256)``, uniform sampler, over the rows inserted in 2.
+
+The messages are the batch's Arrow IPC streams split as the client
+(``expstore_client.client.MESSAGE_BYTES``) and the server (``ServerConfig.message_bytes``)
+split them, so both sides move the same bytes in the same message sizes. Throughput =
+batches of all calls / sum of call times (client-side wall clock, one sync client, one
+call at a time); MB/s counts IPC bytes. Sample latency p50/p99 pools every 36 KiB sample
+call of all rounds (>= 200 calls). Prints JSON; ``run`` starts it once per environment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from expstore.proto import arrow_ipc
+from expstore.synthetic import trajectories
+from expstore_client import Client
+from expstore_client import client as client_mod
+from expstore_server.config import ServerConfig
+
+from . import raw_grpc, server
+
+BATCH = 256
+SIZES = {"36KiB": 4096, "300B": 20}  # label -> tokens per row
+MAX_ITEMS = {"36KiB": 8192, "300B": 200_000}  # table max_size (~300 MB and ~60 MB)
+
+
+def message_sizes(data: pa.Table, message_bytes: int) -> list[int]:
+    """Bytes of each message expstore sends for ``data`` (one IPC stream per message)."""
+    return [len(arrow_ipc.encode(part)) for part in arrow_ipc.split_rows(data, message_bytes)]
+
+
+def relabel(data: pa.Table, prefix: str) -> pa.Table:
+    """The same rows with fresh traj_ids (the table's idempotency key)."""
+    ids = pa.array([f"{prefix}-{i}" for i in range(data.num_rows)])
+    return data.set_column(data.schema.get_field_index("traj_id"), "traj_id", ids)
+
+
+def _summary(times: list[float], batch_bytes: int) -> dict:
+    total = sum(times)
+    return {"calls": len(times), "batches_per_s": len(times) / total,
+            "items_per_s": BATCH * len(times) / total, "MB_per_s": batch_bytes * len(times) / total / 1e6}
+
+
+def insert_rate(client: Client, table: str, data: pa.Table, batch_bytes: int, seconds: float,
+                tag: str, min_calls: int = 5) -> dict:
+    client.insert(table, relabel(data, f"{tag}-warm"))
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - start < seconds:
+        rows = relabel(data, f"{tag}-{len(times)}")
+        t0 = time.perf_counter()
+        result = client.insert(table, rows)
+        times.append(time.perf_counter() - t0)
+        assert result.num_inserted == BATCH, result
+    return _summary(times, batch_bytes)
+
+
+def sample_rate(client: Client, table: str, batch_bytes: int, seconds: float, min_calls: int = 5) -> dict:
+    client.sample(table, BATCH)
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        batch = client.sample(table, BATCH)
+        times.append(time.perf_counter() - t0)
+        assert len(batch.ids) == BATCH
+    return {**_summary(times, batch_bytes), "latencies_s": times}
+
+
+def _median(rounds: list[dict]) -> dict:
+    keys = ("batches_per_s", "items_per_s", "MB_per_s")
+    out = {k: statistics.median(r[k] for r in rounds if k in r) for k in keys if k in rounds[0]}
+    out["rounds"] = [round(r["batches_per_s"], 2) for r in rounds]
+    out["calls"] = sum(r["calls"] for r in rounds)
+    return out
+
+
+def run(quick: bool) -> dict:
+    rounds, seconds, latency_calls = (1, 1.5, 200) if quick else (3, 2.5, 240)
+    client_mb, server_mb = client_mod.MESSAGE_BYTES, ServerConfig().message_bytes
+    result = {"message_bytes": {"client": client_mb, "server": server_mb}, "sizes": {}}
+    with raw_grpc.start() as raw_srv, server.start_expstore() as exp_srv:
+        raw = raw_grpc.RawClient(raw_srv.address)
+        client = Client(exp_srv.address)
+        for label, tokens in SIZES.items():
+            data = trajectories(BATCH, tokens=tokens)
+            up, down = message_sizes(data, client_mb), message_sizes(data, server_mb)
+            table = f"bench_{label}"
+            client.create_table(table, sampler="uniform", max_size=MAX_ITEMS[label], memory_bytes=16 << 30)
+            up_msgs = [bytes(np.random.default_rng(0).integers(0, 256, s, dtype=np.uint8)) for s in up]
+            per = {"raw_upload": [], "insert": [], "raw_download": [], "sample": []}
+            for r in range(rounds):
+                per["raw_upload"].append(raw_grpc.rate(raw.upload, up_msgs, sum(up), seconds, 5))
+                per["insert"].append(insert_rate(client, table, data, sum(up), seconds, f"{label}-{r}"))
+                per["raw_download"].append(raw_grpc.rate(raw.download, down, sum(down), seconds, 5))
+                min_calls = math.ceil(latency_calls / rounds) if label == "36KiB" else 5
+                per["sample"].append(sample_rate(client, table, sum(down), seconds, min_calls))
+            latencies = np.array([t for r in per["sample"] for t in r.pop("latencies_s")])
+            for k in ("raw_upload", "raw_download"):
+                for r in per[k]:
+                    r["items_per_s"] = r["batches_per_s"] * BATCH
+            result["sizes"][label] = {
+                "tokens": tokens, "arrow_bytes_per_row": data.nbytes / BATCH,
+                "batch_ipc_bytes": sum(up), "upload_messages": up, "download_messages": down,
+                **{k: _median(v) for k, v in per.items()},
+                "sample_latency_ms": {"calls": len(latencies),
+                                      "p50": float(np.percentile(latencies, 50) * 1e3),
+                                      "p99": float(np.percentile(latencies, 99) * 1e3)},
+            }
+        client.close()
+        raw.close()
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(run("--quick" in sys.argv)))
