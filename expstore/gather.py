@@ -1,10 +1,11 @@
 """Gathering sampled rows out of chunks.
 
-``pa.Table.take`` over many chunks concatenates them all first (about 128 ms for 256 rows
-out of 10k items of 36 KiB, measured here), so rows are taken per run of consecutive
-selections from the same chunk and the pieces concatenated once: one copy of the output,
-independent of table size. Callers that do not care about order sort their selection by
-(chunk, row) first so that every chunk is one run.
+Rows are cut as zero-copy slices, one per run of consecutive rows of one chunk, and the
+slices concatenated once: a single copy of the output, at memcpy speed. Measured here
+for 256 rows of 36 KiB out of 40 chunks: 5 ms, against 16 ms for ``RecordBatch.take``
+per chunk (Arrow's take of long lists builds an index per value) and 128 ms for
+``Table.take`` over the chunked table (it concatenates every chunk first). Callers that
+do not care about order sort their selection by (chunk, row) so that runs are long.
 """
 
 from __future__ import annotations
@@ -18,17 +19,10 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
     """Rows ``rows[i]`` of chunk ``chunks[i]``, in the given order, as one record batch."""
     if len(chunks) == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)
-    breaks = np.flatnonzero(np.diff(chunks)) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [len(chunks)]])
-    parts = []
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        batch = batches[int(chunks[s])]
-        r = rows[s:e]
-        if e - s == 1 or np.all(np.diff(r) == 1):
-            parts.append(batch.slice(int(r[0]), e - s))  # contiguous rows: zero-copy slice
-        else:
-            parts.append(batch.take(pa.array(r)))
-    if len(parts) == 1:
-        return parts[0]
-    return pa.concat_batches(parts)
+    new_run = np.ones(len(chunks), dtype=bool)
+    new_run[1:] = (chunks[1:] != chunks[:-1]) | (rows[1:] != rows[:-1] + 1)
+    starts = np.flatnonzero(new_run)
+    lengths = np.diff(np.append(starts, len(chunks)))
+    parts = [batches[c].slice(r, k) for c, r, k in
+             zip(chunks[starts].tolist(), rows[starts].tolist(), lengths.tolist())]
+    return parts[0] if len(parts) == 1 else pa.concat_batches(parts)

@@ -397,12 +397,15 @@ class Table:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def record_wait(self, op: str, seconds: float) -> None:
+    def record_wait(self, op: str, seconds: float | None = None) -> None:
         """Count a wait done outside the table (the asyncio server waits for
-        notifications between ``timeout=0`` attempts) in the same stats as in-table waits."""
+        notifications between ``timeout=0`` attempts) in the same stats as in-table
+        waits: call it as the wait begins (no seconds), then with the time it took."""
         with self._cond:
-            self.counters[f"{op}_waits"] += 1
-            self.counters[f"{op}_wait_seconds"] += seconds
+            if seconds is None:
+                self.counters[f"{op}_waits"] += 1
+            else:
+                self.counters[f"{op}_wait_seconds"] += seconds
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change (under the lock: it must not block)."""
@@ -566,8 +569,8 @@ class Table:
         limit = None if deadline is None else deadline - now
         if retry_after is not None:
             limit = retry_after if limit is None else min(limit, retry_after)
+        self.counters[f"{op}_waits"] += 1  # counted as the wait begins, so it is observable
         self._cond.wait(limit)
-        self.counters[f"{op}_waits"] += 1
         self.counters[f"{op}_wait_seconds"] += self._clock() - now
 
     def _check_open(self) -> None:

@@ -300,7 +300,9 @@ class Servicer:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise
-                    waited = True
+                    if not waited:
+                        waited = True
+                        table.record_wait(op)
                     wait = remaining if e.retry_after is None else min(remaining, max(e.retry_after, 0.001))
                     try:
                         await asyncio.wait_for(event.wait(), wait)

@@ -1,0 +1,73 @@
+"""Many concurrent producers: 1,000 asyncio tasks over a handful of AsyncClient channels.
+
+One fresh expstore server; one trajectory table (uniform, max_size above the load). In
+one event loop, ``producers`` tasks share ``channels`` AsyncClients (task i uses client
+i % channels); each inserts ``calls`` batches of ``rows`` ~300 B rows (fresh traj_ids)
+back to back. All start together; reported: total items/s over the wall time from the
+start to the last insert, per-insert latency p50/p99/max, errors (any exception), and a
+check that the table holds every row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import numpy as np
+
+from expstore.synthetic import trajectories
+from expstore_client import AsyncClient
+
+from . import server
+from .wire import relabel
+
+
+async def _producers(address: str, producers: int, channels: int, calls: int, rows: int) -> dict:
+    clients = [AsyncClient(address) for _ in range(channels)]
+    await clients[0].create_table("conc", sampler="uniform", max_size=10_000_000, memory_bytes=16 << 30)
+    data = trajectories(rows, tokens=20)
+    go = asyncio.Event()
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    async def produce(i: int) -> None:
+        client = clients[i % channels]
+        await go.wait()
+        for j in range(calls):
+            batch = relabel(data, f"p{i}-{j}")
+            t0 = time.perf_counter()
+            try:
+                await client.insert("conc", batch)
+                latencies.append(time.perf_counter() - t0)
+            except Exception as e:  # counted, not raised: the figure is the error count
+                errors.append(f"{type(e).__name__}: {getattr(e, 'details', lambda: e)()}")
+
+    tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
+    await asyncio.sleep(0.1)
+    start = time.perf_counter()
+    go.set()
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    stored = int((await clients[0].stats("conc"))["conc"]["items"])
+    for c in clients:
+        await c.close()
+    lat = np.array(latencies) * 1e3 if latencies else np.zeros(1)
+    return {"producers": producers, "channels": channels, "calls_per_producer": calls, "rows_per_call": rows,
+            "arrow_bytes_per_row": data.nbytes / rows, "wall_s": wall, "inserts": len(latencies),
+            "items_per_s": len(latencies) * rows / wall, "calls_per_s": len(latencies) / wall,
+            "latency_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+                           "max": float(lat.max())},
+            "errors": len(errors), "error_samples": sorted(set(errors))[:5],
+            "stored_items": stored, "expected_items": producers * calls * rows}
+
+
+def run(quick: bool) -> dict:
+    with server.start_expstore() as srv:
+        return asyncio.run(_producers(srv.address, producers=1000, channels=8,
+                                      calls=3 if quick else 10, rows=8))
+
+
+if __name__ == "__main__":
+    print(json.dumps(run("--quick" in sys.argv)))

@@ -1,0 +1,166 @@
+"""Turn the modules' JSON into the printed tables (figures, ratios, targets) and the
+JSON file. No measuring here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TARGETS = {
+    "ratio": 0.70,           # expstore / raw ceiling, same bytes, same run
+    "items_per_s": 10_000,   # 36 KiB items, insert and sample
+    "sample_p99_ms": 40.0,   # sample(256) of 36 KiB items
+    "engine_10m_us": 1000.0,  # prioritized sample of 256 from 10M, in the engine (p50)
+    "rss_ratio": 1.10,       # RSS growth / payload bytes
+    "producers_errors": 0,
+}
+
+
+def _mark(ok: bool) -> str:
+    return "pass" if ok else "MISS"
+
+
+def _table(headers: list[str], rows: list[list], align_left: int = 1) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    def line(r):
+        return "  ".join(c.ljust(w) if i < align_left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def _f(x: float, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def wire_section(wire: dict[str, dict], checks: list) -> str:
+    rows, latency_rows = [], []
+    for env, res in wire.items():
+        for size, s in res["sizes"].items():
+            for op, raw_key, raw_name in (("insert", "raw_upload", "upload"), ("sample", "raw_download", "download")):
+                e, r = s[op], s[raw_key]
+                ratio = e["batches_per_s"] / r["batches_per_s"]
+                ok_ratio = ratio >= TARGETS["ratio"]
+                target = f">=70% {_mark(ok_ratio)}"
+                if size == "36KiB":
+                    ok_items = e["items_per_s"] >= TARGETS["items_per_s"]
+                    target += f"; >=10k/s {_mark(ok_items)}"
+                    checks.append((f"{op} 36 KiB >= 10k items/s [{env}]", ok_items, f"{_f(e['items_per_s'])}/s"))
+                checks.append((f"{op} {size} >= 70% of raw {raw_name} [{env}]", ok_ratio, f"{ratio:.0%}"))
+                rows.append([env, size, _f(s["arrow_bytes_per_row"]), op, _f(r["MB_per_s"]), _f(r["items_per_s"]),
+                             _f(e["MB_per_s"]), _f(e["items_per_s"]), f"{ratio:.0%}", target])
+            lat = s["sample_latency_ms"]
+            if size == "36KiB":
+                ok = lat["p99"] < TARGETS["sample_p99_ms"]
+                checks.append((f"sample p99 < 40 ms [{env}]", ok, f"{lat['p99']:.1f} ms"))
+                latency_rows.append([env, size, lat["calls"], _f(lat["p50"], 1), _f(lat["p99"], 1),
+                                     f"<40 ms {_mark(ok)}"])
+    any_res = next(iter(wire.values()))
+    mb = any_res["message_bytes"]
+    notes = [f"message split: client MESSAGE_BYTES={mb['client']:,}, server message_bytes={mb['server']:,}"]
+    for size, s in any_res["sizes"].items():
+        notes.append(f"{size}: {s['tokens']} tokens/row, Arrow {s['arrow_bytes_per_row']:,.0f} B/row, "
+                     f"batch IPC {s['batch_ipc_bytes']:,} B in messages up {s['upload_messages']} "
+                     f"down {s['download_messages']}")
+    rounds = {env: {size: {op: s[op]["rounds"] for op in ("raw_upload", "insert", "raw_download", "sample")}
+                    for size, s in res["sizes"].items()} for env, res in wire.items()}
+    out = ["1-3. Throughput over gRPC, batch 256, one sync client (ratio = expstore / raw ceiling, same "
+           "bytes and message sizes, measured alternately in the same run; median of rounds)",
+           _table(["env", "items", "B/row", "op", "raw MB/s", "raw items/s", "expstore MB/s",
+                   "expstore items/s", "ratio", "target"], rows, align_left=2),
+           *("   " + n for n in notes),
+           "   batches/s per round: " + json.dumps(rounds),
+           "", "3b. Sample latency, batch 256 x ~36 KiB",
+           _table(["env", "items", "calls", "p50 ms", "p99 ms", "target"], latency_rows, align_left=2)]
+    envs = list(wire)
+    if len(envs) == 2:
+        a, b = envs
+        cmp_rows = []
+        for size in wire[a]["sizes"]:
+            for op in ("raw_upload", "insert", "raw_download", "sample"):
+                x, y = wire[a]["sizes"][size][op]["MB_per_s"], wire[b]["sizes"][size][op]["MB_per_s"]
+                cmp_rows.append([size, op, _f(x), _f(y), f"{y / x:.2f}x"])
+        out += ["", f"3c. glibc malloc env vs default (MB/s; {b} / {a})",
+                _table(["items", "op", f"{a}", f"{b}", "ratio"], cmp_rows, align_left=2)]
+    return "\n".join(out)
+
+
+def engine_section(engine: dict, checks: list) -> str:
+    rows = []
+    for n, e in engine.items():
+        t, s, u = e["table_sample"], e["sampler_sample"], e["table_update_priorities"]
+        target = ""
+        if int(n) == 10_000_000:
+            ok = t["p50_us"] < TARGETS["engine_10m_us"]
+            target = f"p50 <1 ms {_mark(ok)}"
+            checks.append(("prioritized 256 from 10M < 1 ms in-engine (Table.sample p50)", ok,
+                           f"{t['p50_us']:.0f} us (p99 {t['p99_us']:.0f} us)"))
+        rows.append([f"{int(n):,}", _f(t["p50_us"]), _f(t["p99_us"]), _f(s["p50_us"]), _f(s["p99_us"]),
+                     _f(u["p50_us"]), _f(u["p99_us"]), f"{e['table_build_s']:.1f}", t["calls"], target])
+    return "\n".join([
+        "4. Engine only (in process): prioritized (alpha 0.6, beta 0.4) sample of 256, microseconds",
+        _table(["items", "Table.sample p50", "p99", "Prioritized.sample p50", "p99",
+                "update_priorities(256) p50", "p99", "build s", "calls", "target"], rows),
+        "   Table: generic table, one int64 column, built by Table.insert of 1M-row batches; "
+        "Prioritized: the sampler alone (sum tree)"])
+
+
+def memory_section(memory: dict[str, dict], checks: list) -> str:
+    rows = []
+    for env, m in memory.items():
+        ratio = m["growth_per_arrow_byte"]
+        ok = ratio <= TARGETS["rss_ratio"]
+        checks.append((f"server RSS growth <= 1.1x payload [{env}]", ok, f"{ratio:.2f}x"))
+        mb = 1e6
+        rows.append([env, f"{m['items']:,}", _f(m["arrow_nbytes"] / mb), _f(m["memory_bytes_stat"] / mb),
+                     _f(m["rss_idle"] / mb), _f(m["rss_after"] / mb), _f(m["rss_peak"] / mb),
+                     _f(m["rss_growth"] / mb), f"{ratio:.2f}x", f"{m['growth_per_stat_byte']:.2f}x",
+                     f"<=1.1x {_mark(ok)}"])
+    return "\n".join([
+        "5. Server memory after inserting ~36 KiB items (MB = 1e6 bytes; growth = RSS after - idle RSS)",
+        _table(["env", "items", "Arrow MB", "stat memory_bytes MB", "idle RSS", "RSS after", "peak RSS",
+                "growth", "growth/Arrow", "growth/stat", "target"], rows)])
+
+
+def concurrency_section(c: dict, checks: list) -> str:
+    ok = c["errors"] == 0 and c["stored_items"] == c["expected_items"]
+    checks.append((f"{c['producers']:,} concurrent producers, 0 errors", ok,
+                   f"{c['errors']} errors, {c['stored_items']:,}/{c['expected_items']:,} rows stored"))
+    lat = c["latency_ms"]
+    row = [c["producers"], c["channels"], f"{c['calls_per_producer']} x {c['rows_per_call']}",
+           _f(c["arrow_bytes_per_row"]), f"{c['wall_s']:.1f}", _f(c["items_per_s"]), _f(c["calls_per_s"]),
+           _f(lat["p50"], 1), _f(lat["p99"], 1), c["errors"], f"{c['stored_items']:,}", f"0 errors {_mark(ok)}"]
+    out = ["6. Concurrent producers: asyncio tasks over AsyncClient channels, one event loop",
+           _table(["producers", "channels", "calls x rows", "B/row", "wall s", "items/s", "calls/s",
+                   "p50 ms", "p99 ms", "errors", "stored", "target"], [row], align_left=0)]
+    if c["error_samples"]:
+        out.append("   errors: " + "; ".join(c["error_samples"]))
+    return "\n".join(out)
+
+
+def render(results: dict) -> str:
+    checks: list[tuple[str, bool, str]] = []
+    meta = results["meta"]
+    parts = [f"expstore benchmarks ({meta['mode']} run, {meta['started']}, {meta['cpus']} CPUs, "
+             f"Python {meta['python']}, grpcio {meta['grpcio']}, pyarrow {meta['pyarrow']}, "
+             f"numpy {meta['numpy']}; {meta['elapsed_s']:.0f} s)",
+             f"envs: " + "; ".join(f"{k} = {v or '(inherited)'}" for k, v in meta["envs"].items())]
+    if "wire" in results:
+        parts.append(wire_section(results["wire"], checks))
+    if "engine" in results:
+        parts.append(engine_section(results["engine"], checks))
+    if "memory" in results:
+        parts.append(memory_section(results["memory"], checks))
+    if "concurrency" in results:
+        parts.append(concurrency_section(results["concurrency"], checks))
+    for name, err in results.get("failed", {}).items():
+        checks.append((f"{name} ran", False, err.splitlines()[-1] if err else "failed"))
+    width = max(len(c[0]) for c in checks) if checks else 0
+    summary = [f"  {_mark(ok):4}  {name.ljust(width)}  {value}" for name, ok, value in checks]
+    parts.append(f"Targets ({sum(ok for _, ok, _ in checks)}/{len(checks)} pass)\n" + "\n".join(summary))
+    results["targets"] = [{"check": n, "pass": ok, "value": v} for n, ok, v in checks]
+    return "\n\n".join(parts)
+
+
+def write_json(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True))
