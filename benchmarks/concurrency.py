@@ -5,7 +5,9 @@ one event loop, ``producers`` tasks share ``channels`` AsyncClients (task i uses
 i % channels); each inserts ``calls`` batches of ``rows`` ~300 B rows (fresh traj_ids)
 back to back. All start together; reported: total items/s over the wall time from the
 start to the last insert, per-insert latency p50/p99/max, errors (any exception), and a
-check that the table holds every row.
+check that the table holds every row. The same producers then run against the raw gRPC
+server of ``raw_grpc`` (grpc.aio channels, each call one client-streaming ``Upload`` of
+one message the size of the batch's Arrow IPC stream): the ceiling for this call mix.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import json
 import sys
 import time
 
+import grpc
 import numpy as np
+
+from expstore.proto import arrow_ipc
 
 from expstore.synthetic import trajectories
 from expstore_client import AsyncClient
 
-from . import server
+from . import raw_grpc, server
 from .wire import relabel
 
 
@@ -63,10 +68,47 @@ async def _producers(address: str, producers: int, channels: int, calls: int, ro
             "stored_items": stored, "expected_items": producers * calls * rows}
 
 
+async def _raw_producers(address: str, producers: int, channels: int, calls: int, rows: int) -> dict:
+    chans = [grpc.aio.insecure_channel(address, raw_grpc.OPTIONS) for _ in range(channels)]
+    uploads = [c.stream_unary(f"/{raw_grpc.SERVICE}/Upload") for c in chans]
+    message = bytes(len(arrow_ipc.encode(trajectories(rows, tokens=20))))
+    go = asyncio.Event()
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    async def produce(i: int) -> None:
+        upload = uploads[i % channels]
+        await go.wait()
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            try:
+                await upload(iter([message]), timeout=60)
+                latencies.append(time.perf_counter() - t0)
+            except grpc.aio.AioRpcError as e:
+                errors.append(f"{e.code().name}: {e.details()}")
+
+    tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
+    await asyncio.sleep(0.1)
+    start = time.perf_counter()
+    go.set()
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    for c in chans:
+        await c.close()
+    lat = np.array(latencies) * 1e3 if latencies else np.zeros(1)
+    return {"message_bytes": len(message), "wall_s": wall, "calls_per_s": len(latencies) / wall,
+            "items_per_s": len(latencies) * rows / wall, "errors": len(errors),
+            "latency_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+                           "max": float(lat.max())}}
+
+
 def run(quick: bool) -> dict:
+    shape = dict(producers=1000, channels=8, calls=3 if quick else 10, rows=8)
     with server.start_expstore() as srv:
-        return asyncio.run(_producers(srv.address, producers=1000, channels=8,
-                                      calls=3 if quick else 10, rows=8))
+        out = asyncio.run(_producers(srv.address, **shape))
+    with raw_grpc.start() as srv:
+        out["raw"] = asyncio.run(_raw_producers(srv.address, **shape))
+    return out
 
 
 if __name__ == "__main__":

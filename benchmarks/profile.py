@@ -1,12 +1,12 @@
 """cProfile of the insert and sample paths, client and server side (not part of ``run``).
 
-``python -m benchmarks.profile [--seconds 5] [insert] [sample] [concurrent]``
+``python -m benchmarks.profile [--seconds 5] [--tokens 4096] [insert] [sample] [concurrent]``
 
 The server runs under a wrapper (``--serve``): the event-loop thread and every
 ThreadPoolExecutor work item (the engine threads) get their own cProfile profilers,
 switched on by SIGUSR1 and off by SIGUSR2, so table set-up is not in the profile; the
 stats are written when the server exits. The client loop (one sync Client, batches of
-256 x ~36 KiB; or 1,000 async producers for ``concurrent``) is profiled in this process.
+256 rows of ``--tokens`` tokens, 4096: ~36 KiB; or 1,000 async producers for ``concurrent``) is profiled in this process.
 Prints the top functions by cumulative and by own time for each side.
 """
 
@@ -77,7 +77,7 @@ def _top(stats: pstats.Stats, title: str) -> str:
     return "\n".join(lines)
 
 
-def profile(what: str, seconds: float) -> str:
+def profile(what: str, seconds: float, tokens: int = 4096) -> str:
     import tempfile
 
     from expstore.synthetic import trajectories
@@ -93,9 +93,10 @@ def profile(what: str, seconds: float) -> str:
                         "--data-dir", os.path.join(tmp, "data"), "--log-level", "warning"],
                        server.EXPSTORE_BANNER)
     client = Client(srv.address)
-    data = trajectories(BATCH, tokens=4096)
-    client.create_table("p", sampler="uniform", max_size=8192, memory_bytes=16 << 30)
-    for i in range(40):
+    data = trajectories(BATCH, tokens=tokens)
+    max_size = 8192 if tokens >= 1024 else 200_000
+    client.create_table("p", sampler="uniform", max_size=max_size, memory_bytes=16 << 30)
+    for i in range(max_size // BATCH + 8):
         client.insert("p", relabel(data, f"fill{i}"))
     client_profiler = cProfile.Profile()
     calls = 0
@@ -118,7 +119,7 @@ def profile(what: str, seconds: float) -> str:
     os.kill(srv.pid, signal.SIGUSR2)
     client.close()
     srv.stop()
-    report = [f"##### {what}: {calls} calls in {wall:.2f} s ({calls / wall:.1f} calls/s)",
+    report = [f"##### {what} (tokens={tokens}): {calls} calls in {wall:.2f} s ({calls / wall:.1f} calls/s)",
               _top(pstats.Stats(client_profiler), f"{what}: client")]
     for part in ("loop", "workers"):
         if os.path.exists(f"{out}.{part}"):
@@ -130,9 +131,10 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "--serve":
         return _serve(argv[1], argv[3:])
     seconds = float(argv[argv.index("--seconds") + 1]) if "--seconds" in argv else 5.0
+    tokens = int(argv[argv.index("--tokens") + 1]) if "--tokens" in argv else 4096
     whats = [a for a in argv if a in ("insert", "sample", "concurrent")] or ["insert", "sample"]
     for what in whats:
-        print(profile(what, seconds), flush=True)
+        print(profile(what, seconds, tokens), flush=True)
     return 0
 
 

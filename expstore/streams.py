@@ -18,6 +18,7 @@ from .errors import NotFound
 class ConsumerGroup:
     def __init__(self, name: str, position: int) -> None:
         self.name = name
+        self.start = position  # ids below it were never offered to the group
         self.position = position
         self.inflight_ids = np.zeros(0, dtype=np.uint64)
         self.deadlines = np.zeros(0, dtype=np.float64)
@@ -60,7 +61,7 @@ class ConsumerGroup:
 
     def check_ack(self, ids: np.ndarray, table: str) -> None:
         """Raise NotFound (and change nothing) if any id was never delivered to the group."""
-        never = (ids >= self.position) & ~np.isin(ids, self.inflight_ids)
+        never = ((ids < self.start) | (ids >= self.position)) & ~np.isin(ids, self.inflight_ids)
         if never.any():
             raise NotFound(f"table {table!r}: consumer group {self.name!r} was never delivered "
                            f"item {int(ids[never][0])}; ack only ids returned by Stream")

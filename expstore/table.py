@@ -107,6 +107,8 @@ class Table:
         self._keys: dict[str, int] = {}  # live key -> item id
         self._key_of_slot = np.empty(self._index.capacity, dtype=object)
         self._removed_keys: OrderedDict[str, int] = OrderedDict()  # recently removed key -> id
+        # Samples the live items may still take under max_times_sampled (sum of allowances).
+        self._allowance = 0
         self.policy_version = 0
         self.counters: Counter[str] = Counter()
 
@@ -224,6 +226,7 @@ class Table:
         items = self._items(slots[stored])
         self._sampler.insert(items)
         self._remover.insert(items)
+        self._allowance += self.spec.max_times_sampled * len(items)
         self._limiter.insert(n_new)
         n_stale = n_new - n_store
         if n_stale:
@@ -249,33 +252,57 @@ class Table:
                 self._check_open()
                 self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
                 if self._limiter.can_sample(n):
-                    if self._sampler.can_sample(n):
+                    if self._sampler.can_sample(n) and (not self.spec.max_times_sampled or self._allowance >= n):
                         break
                     why = f"the {self.spec.sampler.type} sampler cannot serve {n} items yet " \
                           f"({len(self._sampler)} eligible)"
                 else:
                     why = f"rate limiter: {n} samples must wait for inserts ({len(self._index)} items)"
                 self._wait(deadline, "sample", why)
-            sel = self._sampler.sample(n, self._rng)
-            slots = sel.slots
-            probabilities, weights = sel.probabilities, sel.weights
+            capped = self.spec.max_times_sampled > 0
+            if capped and self.spec.sampler.type in _UNORDERED:
+                slots, probabilities, weights, done = self._sample_capped(n)
+            else:
+                sel = self._sampler.sample(n, self._rng)
+                slots, probabilities, weights = sel.slots, sel.probabilities, sel.weights
+                np.add.at(self._index["times_sampled"], slots, 1)  # slots repeat for i.i.d. samplers
+                done = slots[self._index["times_sampled"][slots] >= self.spec.max_times_sampled] \
+                    if capped else slots[:0]
+                self._sampler.remove(done)
             if self.spec.sampler.type in _UNORDERED:
                 order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
                 slots, probabilities, weights = slots[order], probabilities[order], weights[order]
-            ts = self._index["times_sampled"]
-            np.add.at(ts, slots, 1)
+            self._allowance -= n
             self._limiter.sample(n)
             self.counters["samples"] += n
             rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
-            if self.spec.max_times_sampled:
-                done = np.unique(slots[ts[slots] >= self.spec.max_times_sampled])
-                self._remove(done, "max_times_sampled")
+            self._remove(done, "max_times_sampled", in_sampler=False)
             self._changed()
         return rows.gather()
 
+    def _sample_capped(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Sample with replacement while no item exceeds max_times_sampled, as Reverb's
+        one-at-a-time sampling would: draws beyond an item's allowance are rejected, items
+        that reach it leave the sampler, and the rejected draws are redrawn. Each round
+        accepts at least one draw. Returns (slots, probabilities, weights, exhausted)."""
+        ts, cap = self._index["times_sampled"], self.spec.max_times_sampled
+        parts, exhausted, left = [], [], n
+        while left:
+            sel = self._sampler.sample(left, self._rng)
+            keep = occurrence_rank(sel.slots) < cap - ts[sel.slots]
+            taken = sel.slots[keep]
+            np.add.at(ts, taken, 1)
+            parts.append((taken, sel.probabilities[keep], sel.weights[keep]))
+            left -= len(taken)
+            done = np.unique(taken[ts[taken] >= cap])
+            self._sampler.remove(done)
+            exhausted.append(done)
+        slots, probabilities, weights = (np.concatenate(x) for x in zip(*parts))
+        return slots, probabilities, weights, np.concatenate(exhausted)
+
     def update_priorities(self, item_ids, priorities) -> int:
         ids = np.asarray(item_ids, dtype=np.uint64)
-        pr = self._priorities(priorities, len(ids))
+        pr = self._priorities(priorities, len(ids), required=True)
         with self._cond:
             slots = self._lookup(ids)
             # Later entries win for repeated ids.
@@ -464,12 +491,16 @@ class Table:
                 f"{self._tier.budget} bytes; this insert needs {prep.nbytes}); raise memory_bytes "
                 f"or lower max_size")
 
-    def _remove(self, slots: np.ndarray, reason: str) -> None:
-        """Remove live items from selectors, tiers and the index."""
+    def _remove(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True) -> None:
+        """Remove live items from selectors, tiers and the index (``in_sampler=False``:
+        the sampler has already let them go)."""
         if len(slots) == 0:
             return
-        self._sampler.remove(slots)
+        if in_sampler:
+            self._sampler.remove(slots)
         self._remover.remove(slots)
+        if self.spec.max_times_sampled:
+            self._allowance -= int((self.spec.max_times_sampled - self._index["times_sampled"][slots]).sum())
         chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
         freed = []
         for c, k in zip(chunks.tolist(), counts.tolist()):
@@ -513,8 +544,10 @@ class Table:
             return -1
         return self.policy_version - self.spec.max_staleness
 
-    def _priorities(self, priorities, n: int) -> np.ndarray:
-        if priorities is None or len(priorities) == 0:
+    def _priorities(self, priorities, n: int, *, required: bool = False) -> np.ndarray:
+        """Validated float64 priorities, one per row; None/empty means 1.0 each unless
+        ``required`` (updates must say what to set)."""
+        if not required and (priorities is None or len(priorities) == 0):
             return np.ones(n, dtype=np.float64)
         pr = np.asarray(priorities, dtype=np.float64)
         if pr.shape != (n,):
@@ -581,6 +614,18 @@ class Table:
         self._cond.notify_all()
         for listener in self._listeners:
             listener()
+
+
+def occurrence_rank(values: np.ndarray) -> np.ndarray:
+    """For each entry, how many equal entries come before it: [5, 3, 5, 5] -> [0, 0, 1, 2]."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.ones(len(values), dtype=bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    first = np.maximum.accumulate(np.where(starts, np.arange(len(values)), 0))
+    rank = np.empty(len(values), dtype=np.int64)
+    rank[order] = np.arange(len(values)) - first
+    return rank
 
 
 @dataclass(frozen=True)

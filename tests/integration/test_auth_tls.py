@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 
 import grpc
 import pytest
 
 from expstore_client import AsyncClient, Client
 
-from ._util import audit_lines, insert_requests, pb, raw_stub, rpc_error, trajectories
+from ._util import audit_lines, insert_requests, pb, raw_stub, rpc_error, self_signed, trajectories
 
 SECRETS = {
     "rollout-1": ("prod-Secret-7f3a9c", ["producer"]),
@@ -207,31 +205,6 @@ def test_no_auth_configured_allows_anonymous(client, table_name):
 
 
 # -- TLS --------------------------------------------------------------------------------------
-
-def self_signed(directory):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "server.pem", directory / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory):
