@@ -16,12 +16,12 @@ import asyncio
 import json
 import sys
 import time
+from typing import Awaitable, Callable
 
 import grpc
 import numpy as np
 
 from expstore.proto import arrow_ipc
-
 from expstore.synthetic import trajectories
 from expstore_client import AsyncClient
 
@@ -29,25 +29,22 @@ from . import raw_grpc, server
 from .wire import relabel
 
 
-async def _producers(address: str, producers: int, channels: int, calls: int, rows: int) -> dict:
-    clients = [AsyncClient(address) for _ in range(channels)]
-    await clients[0].create_table("conc", sampler="uniform", max_size=10_000_000, memory_bytes=16 << 30)
-    data = trajectories(rows, tokens=20)
+async def _drive(producers: int, calls: int, call: Callable[[int, int], Awaitable]) -> dict:
+    """Run ``call(i, j)`` for j in range(calls) in each of ``producers`` tasks, all released at once."""
     go = asyncio.Event()
     latencies: list[float] = []
     errors: list[str] = []
 
     async def produce(i: int) -> None:
-        client = clients[i % channels]
         await go.wait()
         for j in range(calls):
-            batch = relabel(data, f"p{i}-{j}")
             t0 = time.perf_counter()
             try:
-                await client.insert("conc", batch)
+                await call(i, j)
                 latencies.append(time.perf_counter() - t0)
             except Exception as e:  # counted, not raised: the figure is the error count
-                errors.append(f"{type(e).__name__}: {getattr(e, 'details', lambda: e)()}")
+                details = e.details() if isinstance(e, grpc.aio.AioRpcError) else e
+                errors.append(f"{type(e).__name__}: {details}")
 
     tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
     await asyncio.sleep(0.1)
@@ -55,16 +52,24 @@ async def _producers(address: str, producers: int, channels: int, calls: int, ro
     go.set()
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
+    lat = np.array(latencies) * 1e3 if latencies else np.zeros(1)
+    return {"wall_s": wall, "inserts": len(latencies), "calls_per_s": len(latencies) / wall,
+            "latency_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+                           "max": float(lat.max())},
+            "errors": len(errors), "error_samples": sorted(set(errors))[:5]}
+
+
+async def _producers(address: str, producers: int, channels: int, calls: int, rows: int) -> dict:
+    clients = [AsyncClient(address) for _ in range(channels)]
+    await clients[0].create_table("conc", sampler="uniform", max_size=10_000_000, memory_bytes=16 << 30)
+    data = trajectories(rows, tokens=20)
+    out = await _drive(producers, calls,
+                       lambda i, j: clients[i % channels].insert("conc", relabel(data, f"p{i}-{j}")))
     stored = int((await clients[0].stats("conc"))["conc"]["items"])
     for c in clients:
         await c.close()
-    lat = np.array(latencies) * 1e3 if latencies else np.zeros(1)
     return {"producers": producers, "channels": channels, "calls_per_producer": calls, "rows_per_call": rows,
-            "arrow_bytes_per_row": data.nbytes / rows, "wall_s": wall, "inserts": len(latencies),
-            "items_per_s": len(latencies) * rows / wall, "calls_per_s": len(latencies) / wall,
-            "latency_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
-                           "max": float(lat.max())},
-            "errors": len(errors), "error_samples": sorted(set(errors))[:5],
+            "arrow_bytes_per_row": data.nbytes / rows, **out, "items_per_s": out["calls_per_s"] * rows,
             "stored_items": stored, "expected_items": producers * calls * rows}
 
 
@@ -72,34 +77,10 @@ async def _raw_producers(address: str, producers: int, channels: int, calls: int
     chans = [grpc.aio.insecure_channel(address, raw_grpc.OPTIONS) for _ in range(channels)]
     uploads = [c.stream_unary(f"/{raw_grpc.SERVICE}/Upload") for c in chans]
     message = bytes(len(arrow_ipc.encode(trajectories(rows, tokens=20))))
-    go = asyncio.Event()
-    latencies: list[float] = []
-    errors: list[str] = []
-
-    async def produce(i: int) -> None:
-        upload = uploads[i % channels]
-        await go.wait()
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            try:
-                await upload(iter([message]), timeout=60)
-                latencies.append(time.perf_counter() - t0)
-            except grpc.aio.AioRpcError as e:
-                errors.append(f"{e.code().name}: {e.details()}")
-
-    tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
-    await asyncio.sleep(0.1)
-    start = time.perf_counter()
-    go.set()
-    await asyncio.gather(*tasks)
-    wall = time.perf_counter() - start
+    out = await _drive(producers, calls, lambda i, j: uploads[i % channels](iter([message]), timeout=60))
     for c in chans:
         await c.close()
-    lat = np.array(latencies) * 1e3 if latencies else np.zeros(1)
-    return {"message_bytes": len(message), "wall_s": wall, "calls_per_s": len(latencies) / wall,
-            "items_per_s": len(latencies) * rows / wall, "errors": len(errors),
-            "latency_ms": {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
-                           "max": float(lat.max())}}
+    return {"message_bytes": len(message), **out, "items_per_s": out["calls_per_s"] * rows}
 
 
 def run(quick: bool) -> dict:

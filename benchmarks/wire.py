@@ -49,7 +49,7 @@ def message_sizes(data: pa.Table, message_bytes: int) -> list[int]:
 
 def relabel(data: pa.Table, prefix: str) -> pa.Table:
     """The same rows with fresh traj_ids (the table's idempotency key)."""
-    ids = pa.array([f"{prefix}-{i}" for i in range(data.num_rows)])
+    ids = pa.array([f"{prefix}-{i}" for i in range(data.num_rows)], type=pa.string())
     return data.set_column(data.schema.get_field_index("traj_id"), "traj_id", ids)
 
 
@@ -94,7 +94,7 @@ def _median(rounds: list[dict]) -> dict:
 
 
 def run(quick: bool) -> dict:
-    rounds, seconds, latency_calls = (1, 1.5, 200) if quick else (3, 2.5, 240)
+    rounds, seconds, latency_calls = (1, 1.5, 200) if quick else (5, 2.0, 250)
     client_mb, server_mb = client_mod.MESSAGE_BYTES, ServerConfig().message_bytes
     result = {"message_bytes": {"client": client_mb, "server": server_mb}, "sizes": {}}
     with raw_grpc.start() as raw_srv, server.start_expstore() as exp_srv:

@@ -129,6 +129,8 @@ class TableSpec:
                      "a generic table needs a schema")
         if self.sampler.type == "group":
             _require(self.kind == "trajectory", "the group sampler needs a trajectory table (group_id)")
+            _require(self.sampler.group_size <= self.max_size,
+                     f"sampler.group_size {self.sampler.group_size} exceeds max_size {self.max_size}")
 
     @property
     def key(self) -> str | None:

@@ -14,6 +14,7 @@ bounds bytes (an insert that cannot fit is refused whole with RESOURCE_EXHAUSTED
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -53,11 +54,15 @@ class PreparedInsert:
     group_sizes: np.ndarray
     tasks: pa.Array | None
     rewards: np.ndarray
-    nbytes: int
 
     @property
     def num_rows(self) -> int:
         return len(self.priorities)
+
+    @property
+    def nbytes(self) -> int:
+        """What the rows cost the memory tier if all are stored."""
+        return sum(b.get_total_buffer_size() for b in self.batches)
 
 
 @dataclass(frozen=True)
@@ -148,12 +153,11 @@ class Table:
                 batches=batches, keys=keys, priorities=pr,
                 policy_versions=whole.column("policy_version").to_numpy().astype(np.int64),
                 groups=groups, group_sizes=group_sizes, tasks=whole.column("task"),
-                rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy(),
-                nbytes=sum(b.get_total_buffer_size() for b in batches))
+                rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy())
         return PreparedInsert(
             batches=batches, keys=keys, priorities=pr, policy_versions=np.zeros(n, np.int64),
             groups=None, group_sizes=np.zeros(n, np.int64), tasks=None,
-            rewards=np.full(n, np.nan), nbytes=sum(b.get_total_buffer_size() for b in batches))
+            rewards=np.full(n, np.nan))
 
     def insert(self, data, priorities=None, timeout: float | None = None) -> InsertResult:
         """Validate and store rows, all or none. Blocks (up to ``timeout`` seconds; None:
@@ -185,25 +189,28 @@ class Table:
         if n_store > self.spec.max_size:
             raise InvalidArgument(f"table {self.name!r}: an insert of {n_store} rows exceeds "
                                   f"max_size={self.spec.max_size}; split it")
-        victims = self._victims(len(self._index) + n_store - self.spec.max_size)
-        self._check_budget(prep, victims, n_store)
-        self._remove(victims, "max_size")
-        # Store chunks (rows of duplicates or stale rows are dropped from them first).
+        # Chunks to store: rows of duplicates or stale rows are dropped from them first.
         offsets = np.cumsum([0] + [b.num_rows for b in prep.batches])
-        chunk_of_row = np.empty(n, dtype=np.int64)
-        row_in_chunk = np.empty(n, dtype=np.int64)
-        for b, lo, hi in zip(prep.batches, offsets[:-1], offsets[1:]):
+        chunks: list[tuple[int, int, pa.RecordBatch]] = []
+        for b, lo, hi in zip(prep.batches, offsets[:-1].tolist(), offsets[1:].tolist()):
             keep = store[lo:hi]
-            if not keep.any():
-                continue
-            if not keep.all():
-                b = b.filter(pa.array(keep))
+            if keep.any():
+                chunks.append((lo, hi, b if keep.all() else b.filter(pa.array(keep))))
+        nbytes = sum(b.get_total_buffer_size() for _, _, b in chunks)
+        victims = self._victims(len(self._index) + n_store - self.spec.max_size)
+        self._check_budget(nbytes, victims)
+        # Nothing has changed so far; from here on the insert is applied whole.
+        self._remove(victims, "max_size")
+        chunk_of_row = np.full(n, -1, dtype=np.int64)
+        row_in_chunk = np.zeros(n, dtype=np.int64)
+        for lo, hi, b in chunks:
             chunk = self._next_chunk
             self._next_chunk += 1
             self._tier.put(chunk, b)
-            self._chunk_live[chunk] = int(keep.sum())
-            chunk_of_row[lo:hi] = chunk
-            row_in_chunk[lo:hi][keep] = np.arange(int(keep.sum()))
+            self._chunk_live[chunk] = b.num_rows
+            keep = store[lo:hi]
+            chunk_of_row[lo:hi][keep] = chunk
+            row_in_chunk[lo:hi][keep] = np.arange(b.num_rows)
         # Index every new row; stale ones are removed again at once (ids stay unique).
         new_rows = np.flatnonzero(new)
         groups = self._groups.encode(prep.groups.take(pa.array(new_rows))) if prep.groups is not None \
@@ -211,7 +218,7 @@ class Table:
         tasks = self._tasks.encode(prep.tasks.take(pa.array(new_rows))) if prep.tasks is not None \
             else np.full(n_new, -1, np.int64)
         slots, new_ids = self._index.add(
-            n_new, chunk=np.where(store, chunk_of_row, -1)[new_rows], row=row_in_chunk[new_rows],
+            n_new, chunk=chunk_of_row[new_rows], row=row_in_chunk[new_rows],
             priority=prep.priorities[new_rows], policy_version=prep.policy_versions[new_rows],
             inserted_at=time.time(), group=groups, group_size=prep.group_sizes[new_rows],
             task=tasks, reward=prep.rewards[new_rows])
@@ -233,7 +240,7 @@ class Table:
             self._forget(slots[~stored], "stale")  # never stored in a tier or a selector
         self._remove(self._sampler.rejected(), "zero_variance")
         self.counters["inserts"] += n_new
-        self.counters["inserted_bytes"] += prep.nbytes
+        self.counters["inserted_bytes"] += nbytes
         self.counters["duplicates"] += n - n_new
         self._changed()
         return InsertResult(ids, n_new, n - n_new, n_stale)
@@ -301,7 +308,7 @@ class Table:
         return slots, probabilities, weights, np.concatenate(exhausted)
 
     def update_priorities(self, item_ids, priorities) -> int:
-        ids = np.asarray(item_ids, dtype=np.uint64)
+        ids = self._ids(item_ids)
         pr = self._priorities(priorities, len(ids), required=True)
         with self._cond:
             slots = self._lookup(ids)
@@ -374,7 +381,7 @@ class Table:
     def ack(self, group: str, item_ids) -> tuple[int, int]:
         """Ack items delivered to a group; (newly acked, already acked). An id never
         delivered to the group is NOT_FOUND and nothing is acked."""
-        ids = np.asarray(item_ids, dtype=np.uint64)
+        ids = self._ids(item_ids)
         with self._cond:
             g = self._consumers.get(group)
             if g is None:
@@ -388,7 +395,7 @@ class Table:
 
     def get(self, item_ids) -> Rows:
         """Items by id, in the given order. NOT_FOUND names the first unknown id."""
-        ids = np.asarray(item_ids, dtype=np.uint64)
+        ids = self._ids(item_ids)
         with self._cond:
             rows = self._snapshot(self._lookup(ids))
         return rows.gather()
@@ -476,19 +483,19 @@ class Table:
             return np.zeros(0, dtype=np.int64)
         return self._remover.sample(k, self._rng).slots
 
-    def _check_budget(self, prep: PreparedInsert, victims: np.ndarray, n_store: int) -> None:
-        if n_store == 0:
+    def _check_budget(self, nbytes: int, victims: np.ndarray) -> None:
+        """RESOURCE_EXHAUSTED unless ``nbytes`` more fit, counting what the victims free."""
+        if nbytes == 0:
             return
         freed = 0
         if len(victims):
             chunks, counts = np.unique(self._index["chunk"][victims], return_counts=True)
             freed = sum(self._tier.size_of(c) for c, k in zip(chunks.tolist(), counts.tolist())
                         if self._chunk_live[c] == k)
-        need = self._tier.nbytes - freed + prep.nbytes
-        if need > self._tier.budget:
+        if self._tier.nbytes - freed + nbytes > self._tier.budget:
             raise ResourceExhausted(
                 f"table {self.name!r}: the memory tier is full ({self._tier.nbytes} of "
-                f"{self._tier.budget} bytes; this insert needs {prep.nbytes}); raise memory_bytes "
+                f"{self._tier.budget} bytes; this insert needs {nbytes}); raise memory_bytes "
                 f"or lower max_size")
 
     def _remove(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True) -> None:
@@ -547,10 +554,15 @@ class Table:
     def _priorities(self, priorities, n: int, *, required: bool = False) -> np.ndarray:
         """Validated float64 priorities, one per row; None/empty means 1.0 each unless
         ``required`` (updates must say what to set)."""
-        if not required and (priorities is None or len(priorities) == 0):
+        if not required and (priorities is None or np.size(priorities) == 0):
             return np.ones(n, dtype=np.float64)
-        pr = np.asarray(priorities, dtype=np.float64)
-        if pr.shape != (n,):
+        try:
+            pr = np.asarray(priorities, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"table {self.name!r}: priorities must be numbers") from None
+        if pr.ndim != 1:
+            raise InvalidArgument(f"table {self.name!r}: priorities must be a list, one per row")
+        if len(pr) != n:
             raise InvalidArgument(f"table {self.name!r}: {len(pr)} priorities for {n} rows")
         bad = ~np.isfinite(pr) | (pr < 0)
         if bad.any():
@@ -558,6 +570,20 @@ class Table:
             raise InvalidArgument(f"table {self.name!r}: row {i}, column 'priority': must be a "
                                   f"finite number >= 0, got {pr[i]}")
         return pr
+
+    def _ids(self, item_ids) -> np.ndarray:
+        """Item ids as uint64; ids are positive integers, anything else is INVALID_ARGUMENT."""
+        ids = np.asarray(item_ids)
+        if ids.size == 0:
+            return np.zeros(0, dtype=np.uint64)
+        if ids.dtype.kind not in "ui":  # e.g. a list mixing numpy uint64 and int
+            try:
+                ids = np.array([operator.index(x) for x in item_ids], dtype=object)
+            except TypeError:
+                ids = None
+        if ids is None or ids.ndim != 1 or ids.min() < 1 or ids.max() >= 2**64:
+            raise InvalidArgument(f"table {self.name!r}: item ids must be a list of positive integers")
+        return ids.astype(np.uint64)
 
     def _check_keys(self, keys: list) -> None:
         for i, k in enumerate(keys):
@@ -573,13 +599,12 @@ class Table:
                 seen[k] = i
 
     def _check_sample_size(self, n: int) -> None:
+        if n > self.spec.max_size:
+            raise InvalidArgument(f"table {self.name!r}: batch_size {n} exceeds max_size {self.spec.max_size}")
         sampler = self.spec.sampler
         if sampler.type == "group" and n % sampler.group_size:
             raise InvalidArgument(f"table {self.name!r}: batch_size {n} is not a multiple of "
                                   f"group_size {sampler.group_size}")
-        if sampler.type not in _UNORDERED and n > self.spec.max_size:
-            raise InvalidArgument(f"table {self.name!r}: the {sampler.type} sampler returns distinct "
-                                  f"items, so batch_size {n} can never exceed max_size {self.spec.max_size}")
 
     def _check_group_sizes(self, group_sizes: np.ndarray) -> None:
         if self.spec.sampler.type != "group":

@@ -103,19 +103,26 @@ def insert_requests(table: str, data: pa.Table, priorities: Sequence[float] | No
                     timeout: float, durability: str | None, compress: bool,
                     message_bytes: int) -> Iterator[bytes]:
     """Framed InsertRequests of ~message_bytes of whole rows each (the payload is joined
-    once, never copied by protobuf); the first carries the call's options."""
+    once, never copied by protobuf); the first carries the call's options. Arguments are
+    checked here, before gRPC iterates the requests on its own thread."""
     pr = None if priorities is None else np.asarray(priorities, dtype=np.float64)
-    if pr is not None and len(pr) != data.num_rows:
+    if pr is not None and pr.shape != (data.num_rows,):
         raise ValueError(f"{len(pr)} priorities for {data.num_rows} rows")
-    start = 0
-    for i, part in enumerate(arrow_ipc.split_rows(data, message_bytes)):
-        req = pb.InsertRequest()
-        if i == 0:
-            req.table, req.timeout_s, req.durability = table, timeout, DURABILITY[durability]
-        if pr is not None:
-            req.priorities.extend(pr[start:start + part.num_rows].tolist())
-        start += part.num_rows
-        yield framing.encode(req, INSERT_PAYLOAD, arrow_ipc.encode(part, compress=compress))
+    if durability not in DURABILITY:
+        raise ValueError(f"durability must be one of {[k for k in DURABILITY if k]}, got {durability!r}")
+
+    def requests() -> Iterator[bytes]:
+        start = 0
+        for i, part in enumerate(arrow_ipc.split_rows(data, message_bytes)):
+            req = pb.InsertRequest()
+            if i == 0:
+                req.table, req.timeout_s, req.durability = table, timeout, DURABILITY[durability]
+            if pr is not None:
+                req.priorities.extend(pr[start:start + part.num_rows].tolist())
+            start += part.num_rows
+            yield framing.encode(req, INSERT_PAYLOAD, arrow_ipc.encode(part, compress=compress))
+
+    return requests()
 
 
 def insert_result(resp: pb.InsertResponse) -> InsertResult:

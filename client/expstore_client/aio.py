@@ -78,10 +78,12 @@ class AsyncClient:
                      start: str = "earliest", compress: bool = False) -> AsyncIterator[SampleBatch]:
         idle_since = time.monotonic()
         while True:
-            req = pb.StreamRequest(table=table, group=group, batch_size=batch_size, timeout_s=poll_timeout,
+            poll = poll_timeout if idle_timeout is None else \
+                max(0.0, min(poll_timeout, idle_timeout - (time.monotonic() - idle_since)))
+            req = pb.StreamRequest(table=table, group=group, batch_size=batch_size, timeout_s=poll,
                                    visibility_timeout_s=visibility_timeout or 0, start=start, compress=compress)
             try:
-                messages = [m async for m in self._stream(self._stub.Stream, req, poll_timeout)]
+                messages = [m async for m in self._stream(self._stub.Stream, req, poll)]
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise

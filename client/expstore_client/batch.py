@@ -8,6 +8,8 @@ and offsets of list columns); ``to_torch`` wraps the same memory with
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -60,18 +62,25 @@ class SampleBatch:
         pad_to=None packs list columns as Ragged(values, offsets) tensors (no copy);
         pad_to="max" or an int pads them into dense (B, T) tensors (a copy), truncating
         rows longer than an int ``pad_to``. String and nested columns are skipped.
+        Tensors that share memory are views of the received buffer: read them, or
+        ``.clone()`` before writing in place.
         """
         import torch
+
+        def from_numpy(a: np.ndarray):
+            with warnings.catch_warnings():  # read-only wire memory: documented above
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(a)
 
         out: dict[str, Any] = {}
         for name, value in self.to_numpy(columns).items():
             if isinstance(value, Ragged):
                 if pad_to is None:
-                    out[name] = Ragged(torch.from_numpy(value.values), torch.from_numpy(value.offsets))
+                    out[name] = Ragged(from_numpy(value.values), from_numpy(value.offsets))
                 else:
                     out[name] = torch.from_numpy(pad(value, pad_to, pad_value))
             elif isinstance(value, np.ndarray) and value.dtype != object:
-                out[name] = torch.from_numpy(value)
+                out[name] = from_numpy(value)
         return out
 
     def lengths(self, column: str) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Bearer-token authentication with roles.
 
 Each configured token has a name and roles (producer, trainer, reader, admin; admin may
-call everything). The presented token is compared with *every* configured one by
+call everything; DescribeTable is open to every role, since clients need the schema). The presented token is compared with *every* configured one by
 ``hmac.compare_digest`` on SHA-256 digests, so timing reveals neither which token matched
 nor how much of one did. Tokens are never logged; principals are named by token name.
 """
@@ -18,6 +18,7 @@ from expstore.errors import PermissionDenied, Unauthenticated
 from .config import TokenConfig
 
 ANONYMOUS = "anonymous"
+ANY_ROLE = "any"
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self._entries)
 
-    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]], role: str) -> Principal:
+    def identify(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal:
+        """The principal of the call's bearer token (UNAUTHENTICATED if none matches)."""
         if not self._entries:
             return Principal(ANONYMOUS, frozenset({"admin"}))
         header = next((v for k, v in metadata if k == "authorization"), None)
@@ -52,7 +54,12 @@ class Authenticator:
                 match = principal
         if match is None:
             raise Unauthenticated("unknown bearer token")
-        if role not in match.roles and "admin" not in match.roles:
-            raise PermissionDenied(f"token {match.name!r} (roles {sorted(match.roles)}) may not call this: "
-                                   f"it needs role {role!r}")
         return match
+
+    @staticmethod
+    def authorize(principal: Principal, role: str) -> None:
+        """PERMISSION_DENIED unless the principal has ``role`` (or admin). ``ANY_ROLE``:
+        every authenticated principal may call."""
+        if role != ANY_ROLE and role not in principal.roles and "admin" not in principal.roles:
+            raise PermissionDenied(f"token {principal.name!r} (roles {sorted(principal.roles)}) may not "
+                                   f"call this: it needs role {role!r}")

@@ -16,6 +16,7 @@ from expstore.errors import InvalidArgument
 from expstore.spec import TableSpec
 
 ROLES = ("producer", "trainer", "reader", "admin")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class ServerConfig:
             raise InvalidArgument(f"port must be in 0..65535, got {self.port}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert and tls_key go together")
+        if self.log_level not in LOG_LEVELS:
+            raise InvalidArgument(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         if self.workers < 1:
             raise InvalidArgument("workers must be >= 1")
         if not 1024 <= self.message_bytes <= self.max_message_bytes:

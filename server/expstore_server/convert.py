@@ -22,7 +22,7 @@ def spec_from_proto(config: pb.TableConfig) -> TableSpec:
     if "schema" in d:
         try:
             d["schema"] = arrow_ipc.decode_schema(d["schema"])
-        except (pa.ArrowException, ValueError) as e:
+        except (pa.ArrowException, ValueError, OSError) as e:
             raise InvalidArgument(f"table {config.name!r}: schema is not an Arrow IPC schema: {e}") from None
     if "task_weights" in d.get("sampler", {}) and not d["sampler"]["task_weights"]:
         del d["sampler"]["task_weights"]
@@ -80,9 +80,18 @@ def decode_rows(data, what: str) -> pa.Table:
     try:
         table = arrow_ipc.decode(data)
         table.validate(full=True)
+        _check_names(table.schema)
         return table
-    except (pa.ArrowException, ValueError, OSError) as e:
+    except (pa.ArrowException, ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
         raise InvalidArgument(f"{what}: not a valid Arrow IPC stream: {e}") from None
+
+
+def _check_names(fields) -> None:
+    """Read every (nested) field name: a name that is not UTF-8 raises UnicodeDecodeError."""
+    for f in fields:
+        f.name
+        t = f.type
+        _check_names(t.fields if hasattr(t, "fields") else [t.field(i) for i in range(t.num_fields)])
 
 
 def ids_of(values) -> np.ndarray:

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -83,6 +84,10 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
 
     address = f"{cfg.host}:{cfg.port}"
+    try:
+        socket.getaddrinfo(cfg.host, cfg.port)
+    except OSError as e:  # before gRPC, which would log its own lines about it
+        raise ExpstoreError(f"cannot bind {address}: {e}") from None
     if cfg.tls_cert:
         creds = grpc.ssl_server_credentials([(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())])
         port = server.add_secure_port(address, creds)
@@ -129,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler], force=True)
     try:
         asyncio.run(serve(cfg))
-    except ExpstoreError as e:
-        log.error(str(e))
+    except (ExpstoreError, OSError, RuntimeError) as e:  # bind, TLS files, data dir
+        print(f"expstore-server: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -31,7 +31,7 @@ from expstore.table import Table
 
 from . import convert
 from .audit import AuditLog
-from .auth import Authenticator
+from .auth import ANY_ROLE, Authenticator
 from .config import ServerConfig
 from .errors import status_of
 
@@ -59,30 +59,30 @@ def rpc(role: str, *, audit: bool = False):
         method = handler.__name__
 
         async def guard(self: "Servicer", call: Call, context, body):
+            status, message = grpc.StatusCode.OK, ""
             try:
-                call.who = self.auth.authenticate(context.invocation_metadata(), role).name
-                result = await body()
-                outcome = "OK"
-                return result
+                principal = self.auth.identify(context.invocation_metadata())
+                call.who = principal.name
+                self.auth.authorize(principal, role)
+                return await body()
             except ExpstoreError as e:
-                outcome = status_of(e).name
-                await context.abort(status_of(e), str(e))
+                status, message = status_of(e), str(e)
             except asyncio.CancelledError:
-                outcome = "CANCELLED"
+                status = grpc.StatusCode.CANCELLED
                 raise
             except Exception:  # a bug: log it, do not leak it
-                outcome = "INTERNAL"
                 log.exception("internal error", extra={"method": method, "table": call.table})
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
-            finally:
+                status, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
+            finally:  # before the status goes out, so the client never sees it first
                 if audit and self.audit is not None:
                     self.audit.record(who=call.who, method=method, table=call.table,
-                                      outcome=outcome, detail=call.detail)
+                                      outcome=status.name, detail=call.detail)
+            await context.abort(status, message)
 
         if inspect.isasyncgenfunction(handler):
             @functools.wraps(handler)
             async def streaming(self, request, context):
-                call = Call(method, table=getattr(request, "table", None))
+                call = Call(method, table=_table_of(request))
                 messages: list = []
 
                 async def body():
@@ -96,7 +96,7 @@ def rpc(role: str, *, audit: bool = False):
 
         @functools.wraps(handler)
         async def unary(self, request, context):
-            call = Call(method, table=getattr(request, "table", None))
+            call = Call(method, table=_table_of(request))
 
             async def body():
                 _check_parsed(request, method)
@@ -106,6 +106,12 @@ def rpc(role: str, *, audit: bool = False):
         return unary
 
     return decorate
+
+
+def _table_of(request) -> str | None:
+    """The table a unary or server-streaming request names (CreateTable: in its config)."""
+    config = getattr(request, "config", None)
+    return config.name if config is not None else getattr(request, "table", None)
 
 
 def _check_parsed(request, method: str) -> None:
@@ -146,7 +152,6 @@ class Servicer:
 
     @rpc("admin", audit=True)
     async def CreateTable(self, request, context, call):
-        call.table = request.config.name
         spec = convert.spec_from_proto(request.config)
         table = self.store.create_table(spec, if_not_exists=request.if_not_exists)
         return convert.table_info(table)
@@ -160,7 +165,7 @@ class Servicer:
     async def ListTables(self, request, context, call):
         return pb.ListTablesResponse(tables=[convert.table_info(t) for t in self.store.tables()])
 
-    @rpc("reader")
+    @rpc(ANY_ROLE)  # clients need the schema to convert Python rows before inserting
     async def DescribeTable(self, request, context, call):
         return convert.table_info(self.store.table(request.table))
 

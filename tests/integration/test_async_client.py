@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from expstore_client import AsyncClient, Client
+from expstore_client import AsyncClient
 
 from ._util import num_items, trajectories
 

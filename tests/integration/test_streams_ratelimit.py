@@ -6,7 +6,6 @@ import threading
 import time
 
 import grpc
-import numpy as np
 import pytest
 
 from expstore_client import Client
@@ -96,10 +95,6 @@ def test_stream_idle_timeout_ends_the_iterator(client, table):
     assert 0.4 <= elapsed < 2.5, elapsed
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Client.stream/AsyncClient.stream poll with the whole "
-                   "poll_timeout (default 5 s) even when idle_timeout is shorter, so the iterator "
-                   "ends only after max(poll_timeout, idle_timeout); the poll should wait at most "
-                   "the idle time left")
 def test_stream_idle_timeout_shorter_than_poll_timeout(client, table):
     t0 = time.monotonic()
     assert list(client.stream(table, "g", 10, poll_timeout=2.5, idle_timeout=0.3)) == []
@@ -164,6 +159,31 @@ def test_blocked_sample_returns_once_another_client_inserts(shared_server, clien
     finally:
         trainer.close()
         client.drop_table(table_name)
+
+
+def test_drop_table_ends_blocked_calls(shared_server, client, table_name):
+    client.create_table(table_name, rate_limiter={"type": "min_size", "min_size_to_sample": 10})
+    other = Client(shared_server.address)
+    out = {}
+
+    def sample():
+        try:
+            other.sample(table_name, 1, timeout=10)
+        except grpc.RpcError as e:
+            out["code"] = e.code()
+        out["done"] = time.monotonic()
+
+    t = threading.Thread(target=sample)
+    t.start()
+    time.sleep(0.3)
+    dropped = time.monotonic()
+    client.drop_table(table_name)
+    t.join(10)
+    other.close()
+    assert out["code"] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND), out
+    assert out["done"] - dropped < 1.0
+    client.create_table(table_name)  # the name is free again
+    client.drop_table(table_name)
 
 
 def test_sample_to_insert_ratio_holds_inserts_back(shared_server, client, table_name):

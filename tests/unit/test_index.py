@@ -87,6 +87,16 @@ def test_slots_from_skips_removed_and_honours_limit():
     assert ix["id"][ix.live_slots()].tolist() == [2, 3, 6, 7, 8, 9]
 
 
+def test_slots_from_spans_sparse_log():
+    ix = ItemIndex(capacity=16)
+    slots, ids = add(ix, 100)
+    ix.remove(slots[:49])  # 51 of 100 logged entries live: not compacted yet
+    assert len(ix) == 51
+    for first, limit in ((0, 40), (0, 51), (0, 60), (30, 45), (50, 3), (99, 10)):
+        want = [i for i in ids.tolist() if i >= max(first, 50)][:limit]
+        assert ix["id"][ix.slots_from(first, limit)].tolist() == want, (first, limit)
+
+
 def test_many_removals_compact_without_losing_items():
     ix = ItemIndex(capacity=16)
     slots, ids = add(ix, 300)

@@ -125,7 +125,9 @@ def test_redeliveries_come_before_unread_items():
     assert ids(t.stream("g", 2, timeout=0, visibility_timeout=1)) == [1, 2]
     clock.advance(1)
     t.insert(traj(2, "b"))
-    assert ids(t.stream("g", 3, timeout=0, visibility_timeout=1)) == [1, 2, 3]
+    mixed = t.stream("g", 3, timeout=0, visibility_timeout=1)  # two chunks in one delivery
+    assert ids(mixed) == [1, 2, 3]
+    assert mixed.data.column("traj_id").to_pylist() == ["traj-0", "traj-1", "b-0"]
 
 
 def test_acked_items_are_never_redelivered():
@@ -202,16 +204,18 @@ def test_ack_moves_committed_offset():
     assert s["group.g.committed"] == 5 and s["group.g.position"] == 5
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: streams.py ConsumerGroup.check_ack treats every id "
-                   "below `position` that is not in flight as already acked; a group created "
-                   "with start='latest' starts at position=next_id, so ids it never saw are "
-                   "reported as acked instead of NOT_FOUND")
 def test_ack_before_latest_start_is_not_found():
     t = make()
     t.insert(traj(3))
-    caught_up(t, "g")  # creates the group at the latest position
-    with pytest.raises(NotFound):
+    with pytest.raises(DeadlineExceeded):  # creates the group at the latest position
+        t.stream("g", 10, timeout=0, start="latest")
+    with pytest.raises(NotFound, match=r"\b1\b"):
         t.ack("g", [1])
+    t.insert(traj(1, "b"))
+    assert ids(t.stream("g", 10, timeout=0)) == [4]
+    with pytest.raises(NotFound):
+        t.ack("g", [3, 4])
+    assert t.ack("g", [4]) == (1, 0)
 
 
 # --- start ---------------------------------------------------------------------------------
@@ -301,6 +305,17 @@ def test_blocked_stream_released_by_insert():
     assert ids(out["rows"]) == [1, 2]
 
 
+def test_blocked_stream_wakes_for_expired_visibility_without_any_change():
+    t = make()
+    t.insert(traj(1))
+    t.stream("g", 1, timeout=0, visibility_timeout=0.05)
+    start = time.monotonic()
+    again = t.stream("g", 1, timeout=2)  # no insert will come: only the deadline can help
+    assert ids(again) == [1]
+    assert time.monotonic() - start < 1.0
+    assert t.stats()["group.g.redelivered"] == 1
+
+
 def test_stream_small_timeout_and_close():
     t = make()
     start = time.monotonic()
@@ -381,6 +396,15 @@ def test_group_check_ack_refuses_unread_ids():
         g.check_ack(arr(1, 3), "t")
     g.ack(arr(1))
     g.check_ack(arr(1), "t")  # acked already: not an error, ack reports it
+
+
+def test_group_check_ack_refuses_ids_before_its_start():
+    g = ConsumerGroup("g", 10)
+    g.deliver(arr(10, 11), arr(), deadline=5.0)
+    g.ack(arr(10))
+    g.check_ack(arr(10, 11), "t")
+    with pytest.raises(NotFound, match="item 9"):
+        g.check_ack(arr(9, 11), "t")
 
 
 def test_group_forget_drops_in_flight():

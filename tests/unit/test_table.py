@@ -1,9 +1,9 @@
 """Table: inserts (all-or-nothing, idempotency, eviction, budgets), sampling (rows, limits,
 rate limiting across threads), staleness, priorities, reads and stats.
 
-Engine-level: no server. Threads use short timeouts and synchronise on the table's own
-wait counters (``stats()["sample_waits"]``), never on sleeps. Streams live in
-test_streams.py.
+Engine-level: no server. Blocking calls run in worker threads with short timeouts; a test
+gives a worker 50 ms to reach its wait, checks it is still blocked, then releases it.
+Streams live in test_streams.py.
 """
 
 from __future__ import annotations
@@ -54,14 +54,6 @@ def live_ids(table: Table, ids) -> list[int]:
         except NotFound:
             pass
     return out
-
-
-def wait_for(pred, timeout: float = 2.0) -> None:
-    """Poll ``pred`` (a cheap check on table state) until it holds."""
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.001)
 
 
 def assert_blocked(w: "Worker", settle: float = 0.05) -> None:
@@ -127,6 +119,7 @@ def test_invalid_row_in_second_part_names_global_row():
     with pytest.raises(InvalidArgument, match=r"row 4.*loss_mask"):
         t.insert([traj(4, "x"), bad])
     assert len(t) == 0 and t.stats()["inserts"] == 0
+    assert t.insert(traj(4, "x")).num_inserted == 4  # the valid first part left no trace
 
 
 def test_empty_insert_is_invalid():
@@ -187,6 +180,24 @@ def test_partially_duplicate_batch_stores_only_new_rows():
     assert t.get([6]).data.column("tokens").to_pylist() == \
         mixed.slice(2, 1).column("tokens").to_pylist()
     assert first.item_ids.tolist() == [1, 2, 3, 4, 5]
+
+
+def test_partial_duplicates_across_chunks_map_rows_to_ids():
+    t = make()
+    t.insert(pa.concat_tables([traj(2, "c"), traj(3, "d")]))  # two chunks: ids 1..5
+    t.insert(traj(1, "e").to_batches()[0])  # a RecordBatch is accepted too: id 6
+    res = t.insert(pa.concat_tables([traj(3, "c"), traj(4, "d")]))  # c-2 and d-3 are new
+    assert res.item_ids.tolist() == [1, 2, 7, 3, 4, 5, 8]
+    assert (res.num_inserted, res.num_duplicates) == (2, 5)
+    assert traj_ids(t.get(res.item_ids)) == ["c-0", "c-1", "c-2", "d-0", "d-1", "d-2", "d-3"]
+    assert traj_ids(t.get([6])) == ["e-0"]
+
+
+def test_duplicate_rows_do_not_change_stored_priorities():
+    t = make()
+    ids = t.insert(traj(2), priorities=[1.0, 2.0]).item_ids
+    t.insert(traj(2), priorities=[9.0, 9.0])
+    assert t.get(ids).priorities.tolist() == [1.0, 2.0]
 
 
 def test_removed_key_deduplicated_within_window_forgotten_beyond():
@@ -330,6 +341,20 @@ def test_memory_budget_counts_space_freed_by_evictions():
     assert t.stats()["memory_bytes"] <= 4 * one
 
 
+def test_memory_budget_counts_only_rows_that_will_be_stored():
+    probe = make("probe")
+    probe.insert(traj(2, "a"))
+    used = probe.stats()["memory_bytes"]
+    one = row_bytes(traj(1, "z"))
+    t = make(memory_bytes=used + 2 * one)
+    t.insert(traj(2, "a"))
+    retry = traj(3, "a")  # a-0 and a-1 are stored already; a-2 is new
+    assert row_bytes(retry) > 2 * one  # counting every row sent would not fit
+    res = t.insert(retry)
+    assert (res.num_inserted, res.num_duplicates) == (1, 2)
+    assert t.stats()["memory_bytes"] <= used + 2 * one
+
+
 def test_chunks_freed_when_last_item_leaves():
     t = make(sampler=SamplerSpec("fifo"), max_times_sampled=1)
     t.insert(traj(4))
@@ -409,19 +434,34 @@ def test_fifo_queue_delivers_each_item_once():
         t.sample(1, timeout=0)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: table.py Table.sample counts times_sampled with "
-                   "np.add.at over a with-replacement selection and applies max_times_sampled "
-                   "only after the whole batch, so one batch can return an item more than "
-                   "max_times_sampled times")
 def test_max_times_sampled_holds_within_one_batch():
     t = make(max_times_sampled=1)
     t.insert(traj(1))
-    try:
-        rows = t.sample(3, timeout=0.05)
-    except DeadlineExceeded:
-        return  # refusing (waiting for more items) also honours the limit
-    assert rows.times_sampled.max() <= 1
-    assert len(rows.item_ids) == len(set(rows.item_ids.tolist()))
+    with pytest.raises(DeadlineExceeded):  # one item may be drawn once: 3 cannot be served
+        t.sample(3, timeout=0)
+    assert len(t) == 1 and t.get([1]).times_sampled.tolist() == [0]
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_max_times_sampled_caps_draws_with_replacement(sampler):
+    t = make(max_times_sampled=2, sampler=SamplerSpec(sampler), seed=4)
+    batch = traj(10)
+    res = t.insert(batch, priorities=np.arange(1, 11, dtype=float))
+    id_to_traj = dict(zip(res.item_ids.tolist(), batch.column("traj_id").to_pylist()))
+    rows = t.sample(15)
+    got = rows.item_ids.tolist()
+    assert len(got) == 15
+    counts = {i: got.count(i) for i in set(got)}
+    assert max(counts.values()) <= 2
+    assert rows.times_sampled.max() <= 2
+    assert [id_to_traj[i] for i in got] == traj_ids(rows)
+    exhausted = sorted(i for i, c in counts.items() if c == 2)
+    assert len(t) == 10 - len(exhausted)
+    assert not set(live_ids(t, res.item_ids)) & set(exhausted)
+    assert t.stats()["removed_max_times_sampled"] == len(exhausted)
+    left = 20 - 15  # draws the table can still serve
+    assert len(t.sample(left).item_ids) == left
+    assert len(t) == 0
 
 
 def test_min_size_blocks_sampling_until_reached():
@@ -497,6 +537,15 @@ def test_never_admissible_batches_fail_at_once():
         t.insert(traj(3, "b"), timeout=5)
     assert time.monotonic() - start < 1.0
     assert len(t) == 1 and t.stats()["samples"] == 0
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_capped_batch_above_total_allowance_fails_at_once(sampler):
+    t = make(max_size=2, max_times_sampled=1, sampler=SamplerSpec(sampler))
+    t.insert(traj(2))
+    with pytest.raises(InvalidArgument, match="max_times_sampled|max_size"):
+        t.sample(3, timeout=0.05)
+    assert len(t.sample(2).item_ids) == 2  # the whole allowance is fine
 
 
 def test_group_sampler_batch_must_be_multiple_of_group_size():
@@ -711,18 +760,26 @@ def test_update_priorities_validates(bad):
     assert t.get(ids).priorities.tolist() == [1.0]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: table.py Table._priorities treats an empty (or None) "
-                   "priority list as 'default 1.0 for every row'; update_priorities reuses it, so "
-                   "update_priorities(ids, []) silently resets those items to priority 1 instead "
-                   "of refusing the length mismatch")
 def test_update_priorities_without_priorities_is_invalid():
     t = make(sampler=SamplerSpec("max_heap"))
     ids = t.insert(traj(2), priorities=[5.0, 7.0]).item_ids
-    try:
-        with pytest.raises(InvalidArgument):
-            t.update_priorities(ids, [])
-    finally:
-        assert t.get(ids).priorities.tolist() == [5.0, 7.0]
+    with pytest.raises(InvalidArgument):
+        t.update_priorities(ids, [])
+    assert t.get(ids).priorities.tolist() == [5.0, 7.0]
+
+
+@pytest.mark.parametrize("call", ["update_none", "update_scalar", "insert_scalar"])
+def test_priorities_of_wrong_shape_are_invalid_argument(call):
+    t = make()
+    ids = t.insert(traj(2)).item_ids
+    with pytest.raises(InvalidArgument):
+        if call == "update_none":
+            t.update_priorities(ids, None)
+        elif call == "update_scalar":
+            t.update_priorities(ids, 3.0)
+        else:
+            t.insert(traj(1, "x"), priorities=2.0)
+    assert len(t) == 2 and t.get(ids).priorities.tolist() == [1.0, 1.0]
 
 
 # --- get -------------------------------------------------------------------------------
@@ -744,6 +801,13 @@ def test_get_unknown_id_names_it():
         t.get([1, 42, 2])
     with pytest.raises(NotFound, match=r"id 4\b"):
         t.get([4])
+
+
+def test_get_negative_id_is_an_engine_error():
+    t = make()
+    t.insert(traj(1))
+    with pytest.raises((NotFound, InvalidArgument)):
+        t.get([-1])
 
 
 def test_get_does_not_count_as_sample():
