@@ -62,6 +62,10 @@ TRAJECTORY_V1 = pa.schema([
 ])
 """Protocol v1 (DESIGN.md §2). Non-nullable fields are the required columns."""
 
+# Typed scalars: a bare Python int in a compute call costs ~45 us (pyarrow tries a failing
+# dateutil import under the import lock each time).
+_ZERO = pa.scalar(0, pa.int32())
+
 RESERVED_COLUMNS = frozenset({"item_id", "priority", "times_sampled", "inserted_at", "tier"})
 """Server-owned columns, visible in queries; no table schema or insert may contain them."""
 
@@ -254,8 +258,11 @@ class _View:
         return self.flat(name)[0].to_numpy(zero_copy_only=False)
 
     def rows(self, name: str) -> np.ndarray:
-        """The row of each flattened element."""
-        return np.repeat(np.arange(self.n), self.flat(name)[1])
+        """The row of each flattened element (computed once per column)."""
+        key = ("rows", name)
+        if key not in self._flat:
+            self._flat[key] = np.repeat(np.arange(self.n), self.flat(name)[1])
+        return self._flat[key]
 
 
 def _first(bad: np.ndarray) -> int | None:
@@ -293,8 +300,8 @@ def _required_not_null(data: pa.Table) -> Hit | None:
 
 def _traj_id(data: pa.Table) -> Hit | None:
     ids = data.column("traj_id").combine_chunks()
-    empty = pc.fill_null(pc.equal(pc.binary_length(ids), 0), False).to_numpy(zero_copy_only=False)
-    codes = pc.fill_null(pc.dictionary_encode(ids).indices, -1).to_numpy().astype(np.int64)
+    empty = pc.fill_null(pc.equal(pc.binary_length(ids), _ZERO), False).to_numpy(zero_copy_only=False)
+    codes = pc.fill_null(pc.dictionary_encode(ids).indices, pa.scalar(-1, pa.int32())).to_numpy().astype(np.int64)
     # codes number distinct ids in order of first appearance: a row repeats an earlier id
     # iff its code is not above the largest code before it
     prev_max = np.maximum.accumulate(np.concatenate([[-1], codes[:-1]]))[:len(codes)]
@@ -340,6 +347,8 @@ def _policy_version(v: _View) -> Hit | None:
 
 def _tpv_vs_policy_version(v: _View) -> Hit | None:
     name = "token_policy_version"
+    if v.batch.column(name).null_count == v.n:
+        return None
     tpv, pv = v.values(name), v.np("policy_version")[v.rows(name)]
     m = v.values("loss_mask")  # its elements of the rows that have tpv line up with tpv
     if v.batch.column(name).null_count:
@@ -407,7 +416,7 @@ def _group_size(v: _View) -> Hit | None:
 
 def _group_id(v: _View) -> Hit | None:
     orphan = v.valid("group_size") & ~v.valid("group_id")
-    empty = pc.fill_null(pc.equal(pc.binary_length(v.batch.column("group_id")), 0), False)
+    empty = pc.fill_null(pc.equal(pc.binary_length(v.batch.column("group_id")), _ZERO), False)
     return _row_hit(orphan | empty.to_numpy(zero_copy_only=False), "group_id", lambda r: (
         "null while group_size is set; a group size needs a group_id" if orphan[r] else
         "empty; expected a non-empty id or null"))

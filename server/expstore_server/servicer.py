@@ -23,7 +23,7 @@ from typing import Any, Callable
 import grpc
 import numpy as np
 
-from expstore.errors import DeadlineExceeded, ExpstoreError, InvalidArgument, Unavailable
+from expstore.errors import DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument, Unavailable
 from expstore.proto.service import Malformed
 from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.store import Store
@@ -181,11 +181,15 @@ class Servicer:
                 first = req
                 call.table = req.table
                 table = self.store.table(req.table)
+                if req.durability in (pb.DURABILITY_WAL, pb.DURABILITY_FSYNC):
+                    raise FailedPrecondition(
+                        f"table {req.table!r}: durability {pb.Durability.Name(req.durability)} needs the "
+                        f"SSD tier, which this server does not have; use DURABILITY_MEMORY")
             elif req.table and req.table != first.table:
                 raise InvalidArgument(f"insert message {len(parts)} names table {req.table!r}, "
                                       f"the first named {first.table!r}; one call inserts into one table")
-            data = await self._run(convert.decode_rows, payload,
-                                   f"table {first.table!r}: insert message {len(parts)}")
+            # Inline: framing and IPC decoding are zero-copy and cheap, not worth a thread hop.
+            data = convert.decode_rows(payload, f"table {first.table!r}: insert message {len(parts)}")
             if req.priorities and len(req.priorities) != data.num_rows:
                 raise InvalidArgument(f"table {first.table!r}: insert message {len(parts)} has "
                                       f"{len(req.priorities)} priorities for {data.num_rows} rows")
@@ -194,10 +198,15 @@ class Servicer:
                               else np.ones(data.num_rows))
         if first is None:
             raise InvalidArgument("an insert call must send at least one message")
-        prep = await self._run(table.prepare_insert, parts, np.concatenate(priorities))
-        result = await self._blocking(table, "insert", lambda: table.commit_insert(prep, timeout=0),
-                                      first.timeout_s, context)
-        call.detail = f"rows={prep.num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
+        prepared: list = []
+
+        def attempt():  # validation runs once, in the same engine-thread hop as the first commit
+            if not prepared:
+                prepared.append(table.prepare_insert(parts, np.concatenate(priorities)))
+            return table.commit_insert(prepared[0], timeout=0)
+
+        result = await self._blocking(table, "insert", attempt, first.timeout_s, context)
+        call.detail = f"rows={prepared[0].num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
                                  num_duplicates=result.num_duplicates, num_stale=result.num_stale)
 
@@ -206,9 +215,9 @@ class Servicer:
     @rpc("trainer")
     async def Sample(self, request, context, call):
         table = self.store.table(request.table)
-        rows = await self._blocking(table, "sample", lambda: table.sample(request.batch_size, timeout=0),
-                                    request.timeout_s, context)
-        for msg in await self._messages(rows, request.compress):
+        for msg in await self._blocking(
+                table, "sample", lambda: self._messages(table.sample(request.batch_size, timeout=0), request.compress),
+                request.timeout_s, context):
             yield msg
 
     @rpc("trainer")
@@ -216,11 +225,12 @@ class Servicer:
         table = self.store.table(request.table)
         visibility = request.visibility_timeout_s or self.config.visibility_timeout_s
         start = request.start or "earliest"
-        rows = await self._blocking(
-            table, "stream", lambda: table.stream(request.group, request.batch_size, timeout=0,
-                                        visibility_timeout=visibility, start=start),
-            request.timeout_s, context)
-        for msg in await self._messages(rows, request.compress):
+        def attempt():
+            rows = table.stream(request.group, request.batch_size, timeout=0,
+                                visibility_timeout=visibility, start=start)
+            return self._messages(rows, request.compress)
+
+        for msg in await self._blocking(table, "stream", attempt, request.timeout_s, context):
             yield msg
 
     @rpc("trainer", audit=True)
@@ -250,8 +260,8 @@ class Servicer:
     @rpc("reader")
     async def Get(self, request, context, call):
         table = self.store.table(request.table)
-        rows = await self._run(table.get, convert.ids_of(request.item_ids))
-        for msg in await self._messages(rows, request.compress):
+        ids = convert.ids_of(request.item_ids)
+        for msg in await self._run(lambda: self._messages(table.get(ids), request.compress)):
             yield msg
 
     @rpc("reader")
@@ -274,9 +284,9 @@ class Servicer:
     async def _run(self, fn: Callable, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def _messages(self, rows, compress: bool) -> list:
-        return await self._run(functools.partial(convert.rows_to_messages, rows, compress=compress,
-                                                 message_bytes=self.config.message_bytes))
+    def _messages(self, rows, compress: bool) -> list[bytes]:
+        """Framed response messages (run on an engine thread, with the call that made rows)."""
+        return convert.rows_to_messages(rows, compress=compress, message_bytes=self.config.message_bytes)
 
     async def _blocking(self, table: Table, op: str, attempt: Callable, timeout_s: float, context) -> Any:
         """Run a non-blocking engine call until it succeeds, waiting for table changes

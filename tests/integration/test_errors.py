@@ -423,3 +423,10 @@ def test_huge_sample_batch_size_is_invalid_argument(client, table):
 def test_huge_group_size_is_invalid_argument(client, table_name):
     err = rpc_error(lambda: client.create_table(table_name, sampler={"type": "group", "group_size": 2**62}))
     assert err.code() == IA, err.details()
+
+
+def test_durability_beyond_memory_is_refused_without_an_ssd_tier(client, table):
+    for level in ("wal", "fsync"):
+        err = rpc_error(lambda: client.insert(table, trajectories(2, id_prefix=level), durability=level))
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "SSD tier" in err.details()
+    assert client.insert(table, trajectories(2), durability="memory").num_inserted == 2
