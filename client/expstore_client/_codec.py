@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -123,6 +124,31 @@ def insert_requests(table: str, data: pa.Table, priorities: Sequence[float] | No
             yield framing.encode(req, INSERT_PAYLOAD, arrow_ipc.encode(part, compress=compress))
 
     return requests()
+
+
+class StreamPoller:
+    """The polling state of one ``stream()`` iteration, shared by both clients: each poll
+    waits at most ``poll_timeout``, never past the end of ``idle_timeout``."""
+
+    def __init__(self, table: str, group: str, batch_size: int, poll_timeout: float,
+                 idle_timeout: float | None, visibility_timeout: float | None, start: str, compress: bool):
+        self.poll_timeout, self.idle_timeout = poll_timeout, idle_timeout
+        self._request = dict(table=table, group=group, batch_size=batch_size,
+                             visibility_timeout_s=visibility_timeout or 0, start=start, compress=compress)
+        self.idle_since = time.monotonic()
+
+    def request(self) -> tuple[pb.StreamRequest, float]:
+        poll = self.poll_timeout
+        if self.idle_timeout is not None:
+            poll = max(0.0, min(poll, self.idle_timeout - (time.monotonic() - self.idle_since)))
+        return pb.StreamRequest(timeout_s=poll, **self._request), poll
+
+    def got_rows(self) -> None:
+        self.idle_since = time.monotonic()
+
+    def idle(self) -> bool:
+        """After a poll that timed out: is the stream over?"""
+        return self.idle_timeout is not None and time.monotonic() - self.idle_since >= self.idle_timeout
 
 
 def insert_result(resp: pb.InsertResponse) -> InsertResult:

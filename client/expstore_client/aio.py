@@ -3,7 +3,6 @@ environments in one event loop. One channel per client; safe to share across tas
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -76,23 +75,21 @@ class AsyncClient:
     async def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
                      idle_timeout: float | None = None, visibility_timeout: float | None = None,
                      start: str = "earliest", compress: bool = False) -> AsyncIterator[SampleBatch]:
-        idle_since = time.monotonic()
+        poller = _codec.StreamPoller(table, group, batch_size, poll_timeout, idle_timeout,
+                                     visibility_timeout, start, compress)
         while True:
-            poll = poll_timeout if idle_timeout is None else \
-                max(0.0, min(poll_timeout, idle_timeout - (time.monotonic() - idle_since)))
-            req = pb.StreamRequest(table=table, group=group, batch_size=batch_size, timeout_s=poll,
-                                   visibility_timeout_s=visibility_timeout or 0, start=start, compress=compress)
+            req, poll = poller.request()
             try:
                 messages = [m async for m in self._stream(self._stub.Stream, req, poll)]
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise
-                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                if poller.idle():
                     return
                 continue
+            poller.got_rows()
             batch = _codec.rows(messages, with_weights=False)
             batch._ack = lambda ids=batch.ids: self.ack(table, group, ids)
-            idle_since = time.monotonic()
             yield batch
 
     async def ack(self, table: str, group: str, item_ids) -> int:

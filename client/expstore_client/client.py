@@ -7,7 +7,6 @@ DEADLINE_EXCEEDED when the rate limiter held a call back past ``timeout``).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -112,24 +111,21 @@ class Client:
         each). Ack each batch (``batch.ack()``) once processed, or it is redelivered
         after the visibility timeout. Ends after ``idle_timeout`` seconds without rows
         (None: never)."""
-        idle_since = time.monotonic()
+        poller = _codec.StreamPoller(table, group, batch_size, poll_timeout, idle_timeout,
+                                     visibility_timeout, start, compress)
         while True:
-            poll = poll_timeout if idle_timeout is None else \
-                max(0.0, min(poll_timeout, idle_timeout - (time.monotonic() - idle_since)))
-            req = pb.StreamRequest(table=table, group=group, batch_size=batch_size, timeout_s=poll,
-                                   visibility_timeout_s=visibility_timeout or 0, start=start, compress=compress)
+            req, poll = poller.request()
             try:
                 messages = list(self._call(self._stub.Stream, req, poll))
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise
-                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                if poller.idle():
                     return
                 continue
+            poller.got_rows()
             batch = _codec.rows(messages, with_weights=False)
-            ids = batch.ids
-            batch._ack = lambda ids=ids: self.ack(table, group, ids)
-            idle_since = time.monotonic()
+            batch._ack = lambda ids=batch.ids: self.ack(table, group, ids)
             yield batch
 
     def ack(self, table: str, group: str, item_ids: Sequence[int] | np.ndarray) -> int:
