@@ -36,7 +36,9 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
     rows, latency_rows = [], []
     for env, res in wire.items():
         for size, s in res["sizes"].items():
-            for op, raw_key, raw_name in (("insert", "raw_upload", "upload"), ("sample", "raw_download", "download")):
+            for op, raw_key, raw_name in (("insert", "raw_upload", "upload"), ("insert x2", "raw_upload", "upload"),
+                                          ("sample", "raw_download", "download"),
+                                          ("sample x2", "raw_download", "download")):
                 e, r = s[op], s[raw_key]
                 ratio = e["batches_per_s"] / r["batches_per_s"]
                 ok_ratio = ratio >= TARGETS["ratio"]
@@ -61,10 +63,13 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
         notes.append(f"{size}: {s['tokens']} tokens/row, Arrow {s['arrow_bytes_per_row']:,.0f} B/row, "
                      f"batch IPC {s['batch_ipc_bytes']:,} B in messages up {s['upload_messages']} "
                      f"down {s['download_messages']}")
-    rounds = {env: {size: {op: s[op]["rounds"] for op in ("raw_upload", "insert", "raw_download", "sample")}
+    rounds = {env: {size: {op: s[op]["rounds"] for op in ("raw_upload", "insert", "insert x2", "raw_download",
+                                                          "sample", "sample x2")}
                     for size, s in res["sizes"].items()} for env, res in wire.items()}
     out = ["1-3. Throughput over gRPC, batch 256, one sync client (ratio = expstore / raw ceiling, same "
-           "bytes and message sizes, measured alternately in the same run; median of rounds)",
+           "bytes and message sizes, measured alternately in the same run; median of rounds). "
+           "'x2': two calls in flight (Client.insert_future, Client.sampler(prefetch=2)); the raw "
+           "ceiling is one call at a time",
            _table(["env", "items", "B/row", "op", "raw MB/s", "raw items/s", "expstore MB/s",
                    "expstore items/s", "ratio", "target"], rows, align_left=2),
            *("   " + n for n in notes),

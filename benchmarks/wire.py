@@ -85,6 +85,37 @@ def sample_rate(client: Client, table: str, batch_bytes: int, seconds: float, mi
     return {**_summary(times, batch_bytes), "latencies_s": times}
 
 
+def insert_rate_pipelined(client: Client, table: str, data: pa.Table, batch_bytes: int, seconds: float,
+                          tag: str, in_flight: int = 2, min_calls: int = 5) -> dict:
+    """Inserts with ``in_flight`` calls outstanding (Client.insert_future): the client
+    encodes the next batch while the server validates the last."""
+    pending, calls = [], 0
+    start = time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < seconds:
+        pending.append(client.insert_future(table, relabel(data, f"{tag}-p{calls}")))
+        calls += 1
+        if len(pending) >= in_flight:
+            assert pending.pop(0).result().num_inserted == BATCH
+    for f in pending:
+        assert f.result().num_inserted == BATCH
+    return _summary([(time.perf_counter() - start) / calls] * calls, batch_bytes)
+
+
+def sample_rate_prefetch(client: Client, table: str, batch_bytes: int, seconds: float,
+                         prefetch: int = 2, min_calls: int = 5) -> dict:
+    """Samples through Client.sampler with ``prefetch`` calls in flight."""
+    it = client.sampler(table, BATCH, prefetch=prefetch)
+    next(it)
+    calls = 0
+    start = time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < seconds:
+        assert len(next(it).ids) == BATCH
+        calls += 1
+    elapsed = time.perf_counter() - start
+    it.close()
+    return _summary([elapsed / calls] * calls, batch_bytes)
+
+
 def _median(rounds: list[dict]) -> dict:
     keys = ("batches_per_s", "items_per_s", "MB_per_s")
     out = {k: statistics.median(r[k] for r in rounds if k in r) for k in keys if k in rounds[0]}
@@ -106,13 +137,16 @@ def run(quick: bool) -> dict:
             table = f"bench_{label}"
             client.create_table(table, sampler="uniform", max_size=MAX_ITEMS[label], memory_bytes=16 << 30)
             up_msgs = [bytes(np.random.default_rng(0).integers(0, 256, s, dtype=np.uint8)) for s in up]
-            per = {"raw_upload": [], "insert": [], "raw_download": [], "sample": []}
+            per = {"raw_upload": [], "insert": [], "insert x2": [], "raw_download": [], "sample": [],
+                   "sample x2": []}
             for r in range(rounds):
                 per["raw_upload"].append(raw_grpc.rate(raw.upload, up_msgs, sum(up), seconds, 5))
                 per["insert"].append(insert_rate(client, table, data, sum(up), seconds, f"{label}-{r}"))
+                per["insert x2"].append(insert_rate_pipelined(client, table, data, sum(up), seconds, f"{label}-{r}"))
                 per["raw_download"].append(raw_grpc.rate(raw.download, down, sum(down), seconds, 5))
                 min_calls = math.ceil(latency_calls / rounds) if label == "36KiB" else 5
                 per["sample"].append(sample_rate(client, table, sum(down), seconds, min_calls))
+                per["sample x2"].append(sample_rate_prefetch(client, table, sum(down), seconds))
             latencies = np.array([t for r in per["sample"] for t in r.pop("latencies_s")])
             for k in ("raw_upload", "raw_download"):
                 for r in per[k]:

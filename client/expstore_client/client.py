@@ -7,6 +7,7 @@ DEADLINE_EXCEEDED when the rate limiter held a call back past ``timeout``).
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -24,6 +25,7 @@ from .batch import SampleBatch
 DEFAULT_TIMEOUT = 30.0
 MESSAGE_BYTES = 8 << 20
 MAX_MESSAGE_BYTES = 256 << 20
+_SLACK = 5.0  # seconds an RPC deadline exceeds the call's own timeout_s
 
 
 def make_credentials(tls: bool | str | bytes | Path | None) -> grpc.ChannelCredentials | None:
@@ -90,11 +92,20 @@ class Client:
         """Insert rows (pa.Table, RecordBatch, list of dicts or dict of arrays), all or
         none. Waits up to ``timeout`` for the rate limiter. Retrying with the same
         traj_ids is safe: rows already stored are reported as duplicates."""
+        return self.insert_future(table, data, priorities=priorities, timeout=timeout,
+                                  durability=durability, compress=compress).result()
+
+    def insert_future(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
+                      timeout: float | None = None, durability: str | None = None,
+                      compress: bool = False) -> "InsertFuture":
+        """Start an insert and return at once; ``.result()`` waits for it. With a few
+        inserts in flight a producer encodes its next batch while the server validates
+        this one (each insert is still all or none)."""
         arrow = _codec.to_arrow(data, self._schema(table, data))
         timeout = self.timeout if timeout is None else timeout
         requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
                                           self.message_bytes)
-        return _codec.insert_result(self._call(self._stub.Insert, requests, timeout))
+        return InsertFuture(self._stub.Insert.future(requests, timeout=timeout + _SLACK, metadata=self._metadata))
 
     # -- rows out ---------------------------------------------------------------------
 
@@ -103,6 +114,26 @@ class Client:
         timeout = self.timeout if timeout is None else timeout
         req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress)
         return _codec.rows(list(self._call(self._stub.Sample, req, timeout)), with_weights=True)
+
+    def sampler(self, table: str, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,
+                compress: bool = False) -> Iterator[SampleBatch]:
+        """Sample batches forever, keeping ``prefetch`` Sample calls in flight so that the
+        server gathers the next batch while this one is used (Reverb's in-flight samples).
+        Closing the iterator cancels the calls in flight; the server may already have
+        counted them as sampled."""
+        if prefetch < 1:
+            raise ValueError("prefetch must be >= 1")
+        timeout = self.timeout if timeout is None else timeout
+        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress)
+        inflight: deque = deque()
+        try:
+            while True:
+                while len(inflight) < prefetch:
+                    inflight.append(self._call(self._stub.Sample, req, timeout))
+                yield _codec.rows(list(inflight.popleft()), with_weights=True)
+        finally:
+            for call in inflight:
+                call.cancel()
 
     def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
                idle_timeout: float | None = None, visibility_timeout: float | None = None,
@@ -169,5 +200,19 @@ class Client:
 
     def _call(self, method, request, timeout: float | None = None):
         # The RPC deadline leaves the server time to answer DEADLINE_EXCEEDED itself.
-        deadline = (timeout if timeout is not None else self.timeout) + 5.0
+        deadline = (timeout if timeout is not None else self.timeout) + _SLACK
         return method(request, timeout=deadline, metadata=self._metadata)
+
+
+class InsertFuture:
+    """An insert in flight (``Client.insert_future``)."""
+
+    def __init__(self, call: grpc.Future) -> None:
+        self._call = call
+
+    def done(self) -> bool:
+        return self._call.done()
+
+    def result(self, timeout: float | None = None) -> InsertResult:
+        """The InsertResult; raises the call's grpc.RpcError if it failed."""
+        return _codec.insert_result(self._call.result(timeout))

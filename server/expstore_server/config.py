@@ -44,7 +44,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     data_dir: str = "./expstore-data"
-    workers: int = 8
+    workers: int = 2
     max_message_bytes: int = 256 << 20
     message_bytes: int = 8 << 20
     visibility_timeout_s: float = 60.0

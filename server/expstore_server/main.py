@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default 50051)")
     p.add_argument("--data-dir", help="data directory (default ./expstore-data)")
-    p.add_argument("--workers", type=int, help="engine threads (default 8)")
+    p.add_argument("--workers", type=int, help="engine threads (default 2)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tls-cert", help="PEM certificate chain; enables TLS with --tls-key")
     p.add_argument("--tls-key", help="PEM private key")

@@ -9,7 +9,7 @@ import pytest
 
 from expstore_client import AsyncClient, Client
 
-from ._util import audit_lines, insert_requests, pb, raw_stub, rpc_error, self_signed, trajectories
+from ._util import audit_lines, insert_requests, pb, raw_stub, rpc_error, self_signed, trajectories, wait_until
 
 SECRETS = {
     "rollout-1": ("prod-Secret-7f3a9c", ["producer"]),
@@ -157,6 +157,9 @@ def test_secrets_never_logged_and_audit_records_calls(auth_server):
     rpc_error(lambda: stub.DropTable(pb.DropTableRequest(table=TABLE), metadata=md("wrong-Secret-xyz"),
                                      timeout=5), grpc.StatusCode.UNAUTHENTICATED)
     channel.close()
+    # The audit writer thread appends within moments of each call.
+    assert wait_until(lambda: any(x["method"] == "DropTable" and x["outcome"] == "UNAUTHENTICATED"
+                                  for x in audit_lines(auth_server.data_dir)))
 
     log = auth_server.log
     audit_text = (auth_server.data_dir / "audit.jsonl").read_text()
@@ -186,6 +189,7 @@ def test_audit_names_the_denied_principal_and_table(auth_server):
                                        metadata=md(SECRETS["dashboard"][0]), timeout=5),
               grpc.StatusCode.PERMISSION_DENIED)
     channel.close()
+    assert wait_until(lambda: any(x["table"] == "sneaky" for x in audit_lines(auth_server.data_dir)))
     line = [x for x in audit_lines(auth_server.data_dir) if x["method"] == "CreateTable"][-1]
     assert line["outcome"] == "PERMISSION_DENIED"
     assert line["who"] == "dashboard" and line["table"] == "sneaky"

@@ -3,6 +3,7 @@ batches split across messages, compression, SampleBatch views, and every insert 
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 
@@ -348,3 +349,24 @@ def test_list_describe_stats(client, table):
     assert table in [t.name for t in client.list_tables()]
     stats = client.stats()
     assert stats[table]["items"] == 3 and stats[table]["inserts"] == 3
+
+
+def test_insert_future_and_prefetching_sampler(client, table_name):
+    client.create_table(table_name, max_times_sampled=0)
+    futures = [client.insert_future(table_name, trajectories(8, id_prefix=f"f{i}")) for i in range(4)]
+    results = [f.result(timeout=30) for f in futures]
+    assert sum(r.num_inserted for r in results) == 32
+    assert sorted(int(i) for r in results for i in r.item_ids) == list(range(1, 33))
+    bad = client.insert_future(table_name, [dict(traj_id="x")])  # missing required columns
+    with pytest.raises(grpc.RpcError) as e:
+        bad.result(timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    it = client.sampler(table_name, 16, prefetch=3)
+    batches = list(itertools.islice(it, 5))
+    it.close()  # cancels the calls still in flight
+    assert all(len(b) == 16 for b in batches)
+    assert {int(i) for b in batches for i in b.ids} <= set(range(1, 33))
+    assert client.stats(table_name)[table_name]["samples"] >= 5 * 16
+    with pytest.raises(ValueError):
+        next(client.sampler(table_name, 16, prefetch=0))

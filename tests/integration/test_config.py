@@ -10,7 +10,7 @@ import grpc
 
 from expstore_client import Client
 
-from ._util import audit_lines, insert_requests, raw_stub, rpc_error, self_signed, trajectories
+from ._util import audit_lines, insert_requests, raw_stub, rpc_error, self_signed, trajectories, wait_until
 
 
 def test_default_visibility_timeout(server_factory):
@@ -31,6 +31,7 @@ def test_audit_log_path_and_flags_override_config(server_factory, tmp_path):
     with Client(s.address) as c:  # --port 0 and --data-dir (flags) won over the file
         c.create_table("t")
         c.insert("t", trajectories(1))
+    assert wait_until(lambda: audit.exists() and audit.read_text().count("\n") >= 2)
     lines = [line for line in audit.read_text().splitlines() if line]
     assert len(lines) == 2 and '"CreateTable"' in lines[0] and '"Insert"' in lines[1]
     assert not (tmp_path / "ignored").exists()
