@@ -50,9 +50,9 @@ class PreparedInsert:
     keys: list[str] | None
     priorities: np.ndarray
     policy_versions: np.ndarray
-    groups: np.ndarray | None  # pa string array for the group codebook, or None
+    groups: pa.ChunkedArray | None  # group_id strings, for the group codebook
     group_sizes: np.ndarray
-    tasks: pa.Array | None
+    tasks: pa.ChunkedArray | None
     rewards: np.ndarray
 
     @property
@@ -143,8 +143,7 @@ class Table:
         if self.spec.key is not None:
             key_col = whole.column(self.spec.key)
             keys = key_col.cast(pa.string()).to_pylist()
-            if not self._trajectory:  # trajectory batches were checked by the validator
-                self._check_keys(keys)
+            self._check_keys(keys)  # across all parts of the call, not only within each
         if self._trajectory:
             groups = whole.column("group_id")
             group_sizes = whole.column("group_size").fill_null(0).to_numpy().astype(np.int64)

@@ -876,3 +876,10 @@ def test_concurrent_inserts_and_samples_keep_ids_unique():
     assert sorted(ids) == list(range(1, 91))
     assert len(t) == 50
     assert math.isclose(t.stats()["removed_max_size"], 40)
+
+
+def test_duplicate_traj_id_across_parts_of_one_insert_is_refused():
+    t = make()
+    with pytest.raises(InvalidArgument, match=r"row 2, column 'traj_id': duplicate of row 0"):
+        t.insert([traj(2, "a"), traj(2, "a")])
+    assert len(t) == 0
