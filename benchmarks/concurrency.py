@@ -73,6 +73,22 @@ async def _producers(address: str, producers: int, channels: int, calls: int, ro
             "stored_items": stored, "expected_items": producers * calls * rows}
 
 
+async def _batched_producers(address: str, producers: int, channels: int, calls: int, rows: int) -> dict:
+    """The same producers through one InsertBatcher per channel (5 ms linger)."""
+    clients = [AsyncClient(address) for _ in range(channels)]
+    await clients[0].create_table("conc_batched", sampler="uniform", max_size=10_000_000, memory_bytes=16 << 30)
+    batchers = [c.batcher("conc_batched", linger_s=0.005, max_rows=2048) for c in clients]
+    data = trajectories(rows, tokens=20)
+    out = await _drive(producers, calls,
+                       lambda i, j: batchers[i % channels].insert(relabel(data, f"b{i}-{j}")))
+    stored = int((await clients[0].stats("conc_batched"))["conc_batched"]["items"])
+    rpcs = sum(b.calls for b in batchers)
+    for c in clients:
+        await c.close()
+    return {**out, "items_per_s": out["calls_per_s"] * rows, "stored_items": stored,
+            "expected_items": producers * calls * rows, "rpcs": rpcs}
+
+
 async def _raw_producers(address: str, producers: int, channels: int, calls: int, rows: int) -> dict:
     chans = [grpc.aio.insecure_channel(address, raw_grpc.OPTIONS) for _ in range(channels)]
     uploads = [c.stream_unary(f"/{raw_grpc.SERVICE}/Upload") for c in chans]
@@ -87,6 +103,7 @@ def run(quick: bool) -> dict:
     shape = dict(producers=1000, channels=8, calls=3 if quick else 10, rows=8)
     with server.start_expstore() as srv:
         out = asyncio.run(_producers(srv.address, **shape))
+        out["batched"] = asyncio.run(_batched_producers(srv.address, **shape))
     with raw_grpc.start() as srv:
         out["raw"] = asyncio.run(_raw_producers(srv.address, **shape))
     return out

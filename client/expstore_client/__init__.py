@@ -6,6 +6,7 @@ Depends on grpcio, protobuf, pyarrow and numpy only (torch optionally, for to_to
 from ._codec import InsertResult, TableInfo
 from .aio import AsyncClient
 from .batch import Ragged, SampleBatch
+from .batcher import InsertBatcher
 from .client import Client, InsertFuture
 
-__all__ = ["Client", "AsyncClient", "InsertFuture", "SampleBatch", "Ragged", "InsertResult", "TableInfo"]
+__all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult", "TableInfo"]

@@ -15,6 +15,7 @@ from expstore.proto.service import client_stub
 from . import _codec
 from ._codec import InsertResult, TableInfo
 from .batch import SampleBatch
+from .batcher import InsertBatcher
 from .client import DEFAULT_TIMEOUT, MAX_MESSAGE_BYTES, MESSAGE_BYTES, make_credentials
 
 
@@ -54,12 +55,19 @@ class AsyncClient:
         self._schemas[name] = info.schema
         return info
 
+    async def schema(self, table: str) -> pa.Schema:
+        """The table's stored schema (cached after the first call)."""
+        return self._schemas.get(table) or (await self.describe(table)).schema
+
+    def batcher(self, table: str, *, linger_s: float = 0.005, max_rows: int = 1024,
+                timeout: float | None = None) -> InsertBatcher:
+        """Coalesce inserts of many tasks into few RPCs (see ``InsertBatcher``)."""
+        return InsertBatcher(self, table, linger_s=linger_s, max_rows=max_rows, timeout=timeout)
+
     async def insert(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
                      timeout: float | None = None, durability: str | None = None,
                      compress: bool = False) -> InsertResult:
-        schema = None
-        if not isinstance(data, (pa.Table, pa.RecordBatch)):
-            schema = self._schemas.get(table) or (await self.describe(table)).schema
+        schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
         arrow = _codec.to_arrow(data, schema)
         timeout = self.timeout if timeout is None else timeout
         requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
