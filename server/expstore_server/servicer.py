@@ -73,7 +73,7 @@ def rpc(role: str, *, audit: bool = False):
             except Exception:  # a bug: log it, do not leak it
                 log.exception("internal error", extra={"method": method, "table": call.table})
                 status, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
-            finally:  # before the status goes out, so the client never sees it first
+            finally:  # queued before the status goes out
                 if audit and self.audit is not None:
                     self.audit.record(who=call.who, method=method, table=call.table,
                                       outcome=status.name, detail=call.detail)
