@@ -87,6 +87,9 @@ class Rows:
 
 
 class Table:
+    COMPACT_MIN_BYTES = 16 << 20   # dead bytes below this are never worth a compaction
+    COMPACT_PASS_BYTES = 32 << 20  # live bytes one compaction pass copies, at most
+
     def __init__(self, spec: TableSpec, *, seed: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
@@ -109,6 +112,8 @@ class Table:
 
         self._next_chunk = 0
         self._chunk_live: dict[int, int] = {}  # chunk id -> live items referencing it
+        self._chunk_rows: dict[int, int] = {}  # chunk id -> rows it holds
+        self._dead_bytes = 0.0  # bytes of chunk rows whose items left (until compaction)
         self._keys: dict[str, int] = {}  # live key -> item id
         self._key_of_slot = np.empty(self._index.capacity, dtype=object)
         self._removed_keys: OrderedDict[str, int] = OrderedDict()  # recently removed key -> id
@@ -206,7 +211,7 @@ class Table:
             chunk = self._next_chunk
             self._next_chunk += 1
             self._tier.put(chunk, b)
-            self._chunk_live[chunk] = b.num_rows
+            self._chunk_live[chunk] = self._chunk_rows[chunk] = b.num_rows
             keep = store[lo:hi]
             chunk_of_row[lo:hi][keep] = chunk
             row_in_chunk[lo:hi][keep] = np.arange(b.num_rows)
@@ -415,7 +420,7 @@ class Table:
                 "consumer_groups": len(self._consumers),
             }
             for k in ("inserts", "inserted_bytes", "duplicates", "samples", "stream_deliveries",
-                      "priority_updates", "removed_max_size", "removed_max_times_sampled",
+                      "priority_updates", "compactions", "compacted_rows", "removed_max_size", "removed_max_times_sampled",
                       "removed_stale", "removed_zero_variance", "insert_waits", "sample_waits",
                       "stream_waits", "insert_wait_seconds", "sample_wait_seconds",
                       "stream_wait_seconds"):
@@ -511,13 +516,56 @@ class Table:
         freed = []
         for c, k in zip(chunks.tolist(), counts.tolist()):
             left = self._chunk_live[c] - k
+            per_row = self._tier.size_of(c) / self._chunk_rows[c]
             if left:
                 self._chunk_live[c] = left
-            else:
-                del self._chunk_live[c]
+                self._dead_bytes += k * per_row
+            else:  # the chunk goes: its dead rows stop counting
+                self._dead_bytes -= (self._chunk_rows[c] - k) * per_row
+                del self._chunk_live[c], self._chunk_rows[c]
                 freed.append(c)
         self._tier.delete(freed)
         self._forget(slots, reason)
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        """Rewrite mostly-dead chunks once dead rows hold a quarter of the tier's bytes.
+
+        Removers other than fifo, and max_times_sampled under random sampling, leave
+        chunks with a few live rows that pin all their bytes (up to 256x the payload).
+        A pass copies the live rows of the deadest chunks, at most COMPACT_PASS_BYTES of
+        them, under the lock: a bounded pause, repeated by later removals if needed.
+        """
+        if self._dead_bytes < max(self.COMPACT_MIN_BYTES, self._tier.nbytes / 4):
+            return
+        live_fraction = {c: n / self._chunk_rows[c] for c, n in self._chunk_live.items()
+                         if 2 * n < self._chunk_rows[c]}
+        chosen, budget = [], self.COMPACT_PASS_BYTES
+        for c in sorted(live_fraction, key=live_fraction.get):
+            cost = self._tier.size_of(c) * live_fraction[c]
+            if chosen and cost > budget:
+                break
+            chosen.append(c)
+            budget -= cost
+        if not chosen:
+            return
+        ix = self._index
+        slots = ix.live_slots()
+        slots = slots[np.isin(ix["chunk"][slots], chosen)]
+        slots = slots[np.lexsort((ix["row"][slots], ix["chunk"][slots]))]
+        rows = take_rows(self._tier.get(chosen), ix["chunk"][slots], ix["row"][slots], self.schema)
+        chunk = self._next_chunk
+        self._next_chunk += 1
+        self._tier.put(chunk, rows)
+        self._chunk_live[chunk] = self._chunk_rows[chunk] = len(slots)
+        ix["chunk"][slots] = chunk
+        ix["row"][slots] = np.arange(len(slots))
+        for c in chosen:
+            self._dead_bytes -= self._tier.size_of(c) * (1 - live_fraction[c])
+            del self._chunk_live[c], self._chunk_rows[c]
+        self._tier.delete(chosen)
+        self.counters["compactions"] += 1
+        self.counters["compacted_rows"] += len(slots)
 
     def _forget(self, slots: np.ndarray, reason: str) -> None:
         """Drop items from the index and the key map (remembering keys for dedup)."""

@@ -15,6 +15,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from expstore.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                              ResourceExhausted, Unavailable)
@@ -883,3 +885,50 @@ def test_duplicate_traj_id_across_parts_of_one_insert_is_refused():
     with pytest.raises(InvalidArgument, match=r"row 2, column 'traj_id': duplicate of row 0"):
         t.insert([traj(2, "a"), traj(2, "a")])
     assert len(t) == 0
+
+
+def test_compaction_keeps_memory_proportional_to_live_items(monkeypatch):
+    monkeypatch.setattr(Table, "COMPACT_MIN_BYTES", 0)
+    t = make(max_times_sampled=1)  # uniform sampling removes random items: chunks go sparse
+    data = [traj(64, f"c{i}") for i in range(8)]
+    for d in data:
+        t.insert(d)
+    full = t.stats()["memory_bytes"]
+    taken = set()
+    while len(t) > 64:
+        taken.update(traj_ids(t.sample(16)))
+    s = t.stats()
+    assert s["compactions"] >= 1 and s["compacted_rows"] > 0
+    assert s["memory_bytes"] < 0.5 * full  # 1/8 of the items live: without compaction ~full
+    # Every live item still reads back its own payload.
+    live = [f"c{i}-{k}" for i in range(8) for k in range(64) if f"c{i}-{k}" not in taken]
+    got = t.get(np.arange(1, 8 * 64 + 1)[[f"c{i}-{k}" in set(live) for i in range(8) for k in range(64)]])
+    assert traj_ids(got) == live
+    by_id = {r: row for r, row in zip(pa.concat_tables(data).column("traj_id").to_pylist(),
+                                      pa.concat_tables(data).column("tokens").to_pylist())}
+    assert got.data.column("tokens").to_pylist() == [by_id[r] for r in live]
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["insert", "sample", "priorities"]), st.integers(1, 12)),
+                      min_size=1, max_size=25))
+def test_payloads_follow_their_ids_through_evictions_and_compactions(steps):
+    Table.COMPACT_MIN_BYTES, saved = 0, Table.COMPACT_MIN_BYTES
+    try:
+        t = make(sampler=SamplerSpec("uniform"), remover="min_priority", max_size=30, max_times_sampled=2)
+        rng = np.random.default_rng(0)
+        owner: dict[int, str] = {}
+        for i, (op, n) in enumerate(steps):
+            if op == "insert":
+                rows = traj(n, f"s{i}")
+                ids = t.insert(rows, priorities=rng.random(n)).item_ids
+                owner.update(zip(ids.tolist(), rows.column("traj_id").to_pylist()))
+            elif op == "sample" and len(t):
+                t.sample(min(n, len(t)), timeout=0)
+            elif op == "priorities" and len(t):
+                live = [i for i in owner if live_ids(t, [i])]
+                t.update_priorities(live[:n], rng.random(len(live[:n])))
+            live = [i for i in sorted(owner) if live_ids(t, [i])]
+            assert traj_ids(t.get(live)) == [owner[i] for i in live]
+    finally:
+        Table.COMPACT_MIN_BYTES = saved
