@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -28,8 +28,10 @@ import pyarrow.compute as pc
 from . import schema as protocol
 from .errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                      ResourceExhausted, Unavailable)
+from .chunks import ChunkStore
 from .gather import take_rows
 from .index import ItemIndex
+from .keys import KeyRegistry
 from .ratelimit import RateLimiter
 from .samplers import make_remover, make_sampler
 from .samplers.base import Codebook, Items
@@ -103,20 +105,14 @@ class Table:
         self._closed = False
 
         self._index = ItemIndex()
-        self._tier = MemoryTier(spec.memory_bytes)
+        self._chunks = ChunkStore(MemoryTier(spec.memory_bytes))
+        self._keys = KeyRegistry(spec.dedup_window) if spec.key is not None else None
         self._tasks, self._groups = Codebook(), Codebook()
         self._sampler = make_sampler(spec.sampler, self._tasks)
         self._remover = make_remover(spec.remover)
         self._limiter = RateLimiter.from_spec(spec.rate_limiter)
         self._consumers: dict[str, ConsumerGroup] = {}
 
-        self._next_chunk = 0
-        self._chunk_live: dict[int, int] = {}  # chunk id -> live items referencing it
-        self._chunk_rows: dict[int, int] = {}  # chunk id -> rows it holds
-        self._dead_bytes = 0.0  # bytes of chunk rows whose items left (until compaction)
-        self._keys: dict[str, int] = {}  # live key -> item id
-        self._key_of_slot = np.empty(self._index.capacity, dtype=object)
-        self._removed_keys: OrderedDict[str, int] = OrderedDict()  # recently removed key -> id
         # Samples the live items may still take under max_times_sampled (sum of allowances).
         self._allowance = 0
         self.policy_version = 0
@@ -208,10 +204,7 @@ class Table:
         chunk_of_row = np.full(n, -1, dtype=np.int64)
         row_in_chunk = np.zeros(n, dtype=np.int64)
         for lo, hi, b in chunks:
-            chunk = self._next_chunk
-            self._next_chunk += 1
-            self._tier.put(chunk, b)
-            self._chunk_live[chunk] = self._chunk_rows[chunk] = b.num_rows
+            chunk = self._chunks.add(b)
             keep = store[lo:hi]
             chunk_of_row[lo:hi][keep] = chunk
             row_in_chunk[lo:hi][keep] = np.arange(b.num_rows)
@@ -227,12 +220,8 @@ class Table:
             inserted_at=time.time(), group=groups, group_size=prep.group_sizes[new_rows],
             task=tasks, reward=prep.rewards[new_rows])
         ids[new_rows] = new_ids
-        if prep.keys is not None:
-            if len(self._key_of_slot) < self._index.capacity:
-                self._key_of_slot = np.resize(self._key_of_slot, self._index.capacity)
-            new_keys = [prep.keys[i] for i in new_rows.tolist()]
-            self._key_of_slot[slots] = new_keys
-            self._keys.update(zip(new_keys, new_ids.tolist()))
+        if self._keys is not None:
+            self._keys.add(slots, [prep.keys[i] for i in new_rows.tolist()], new_ids)
         stored = store[new_rows]
         items = self._items(slots[stored])
         self._sampler.insert(items)
@@ -412,9 +401,9 @@ class Table:
         with self._cond:
             s: dict[str, float] = {
                 "items": len(self._index),
-                "memory_bytes": self._tier.nbytes,
-                "memory_budget_bytes": self._tier.budget,
-                "chunks": len(self._tier),
+                "memory_bytes": self._chunks.tier.nbytes,
+                "memory_budget_bytes": self._chunks.tier.budget,
+                "chunks": len(self._chunks),
                 "policy_version": self.policy_version,
                 "sampler_eligible": len(self._sampler),
                 "consumer_groups": len(self._consumers),
@@ -463,7 +452,7 @@ class Table:
         ix = self._index
         chunks = ix["chunk"][slots]
         return _Snapshot(
-            batches=self._tier.get(np.unique(chunks).tolist()), chunks=chunks, rows=ix["row"][slots],
+            batches=self._chunks.get(np.unique(chunks).tolist()), chunks=chunks, rows=ix["row"][slots],
             schema=self.schema, item_ids=ix["id"][slots], priorities=ix["priority"][slots],
             times_sampled=ix["times_sampled"][slots], policy_versions=ix["policy_version"][slots],
             probabilities=probabilities, weights=weights)
@@ -494,12 +483,12 @@ class Table:
         freed = 0
         if len(victims):
             chunks, counts = np.unique(self._index["chunk"][victims], return_counts=True)
-            freed = sum(self._tier.size_of(c) for c, k in zip(chunks.tolist(), counts.tolist())
-                        if self._chunk_live[c] == k)
-        if self._tier.nbytes - freed + nbytes > self._tier.budget:
+            freed = self._chunks.freed_by(chunks.tolist(), counts.tolist())
+        tier = self._chunks.tier
+        if tier.nbytes - freed + nbytes > tier.budget:
             raise ResourceExhausted(
-                f"table {self.name!r}: the memory tier is full ({self._tier.nbytes} of "
-                f"{self._tier.budget} bytes; this insert needs {nbytes}); raise memory_bytes "
+                f"table {self.name!r}: the memory tier is full ({tier.nbytes} of "
+                f"{tier.budget} bytes; this insert needs {nbytes}); raise memory_bytes "
                 f"or lower max_size")
 
     def _remove(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True) -> None:
@@ -513,84 +502,44 @@ class Table:
         if self.spec.max_times_sampled:
             self._allowance -= int((self.spec.max_times_sampled - self._index["times_sampled"][slots]).sum())
         chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
-        freed = []
-        for c, k in zip(chunks.tolist(), counts.tolist()):
-            left = self._chunk_live[c] - k
-            per_row = self._tier.size_of(c) / self._chunk_rows[c]
-            if left:
-                self._chunk_live[c] = left
-                self._dead_bytes += k * per_row
-            else:  # the chunk goes: its dead rows stop counting
-                self._dead_bytes -= (self._chunk_rows[c] - k) * per_row
-                del self._chunk_live[c], self._chunk_rows[c]
-                freed.append(c)
-        self._tier.delete(freed)
+        self._chunks.release(chunks.tolist(), counts.tolist())
         self._forget(slots, reason)
         self._maybe_compact()
 
     def _maybe_compact(self) -> None:
-        """Rewrite mostly-dead chunks once dead rows hold a quarter of the tier's bytes.
+        """Rewrite mostly-dead chunks (``ChunkStore.compaction_candidates``).
 
         Removers other than fifo, and max_times_sampled under random sampling, leave
         chunks with a few live rows that pin all their bytes (up to 256x the payload).
         A pass copies the live rows of the deadest chunks, at most COMPACT_PASS_BYTES of
         them, under the lock: a bounded pause, repeated by later removals if needed.
         """
-        if self._dead_bytes < max(self.COMPACT_MIN_BYTES, self._tier.nbytes / 4):
-            return
-        live_fraction = {c: n / self._chunk_rows[c] for c, n in self._chunk_live.items()
-                         if 2 * n < self._chunk_rows[c]}
-        chosen, budget = [], self.COMPACT_PASS_BYTES
-        for c in sorted(live_fraction, key=live_fraction.get):
-            cost = self._tier.size_of(c) * live_fraction[c]
-            if chosen and cost > budget:
-                break
-            chosen.append(c)
-            budget -= cost
+        chosen = self._chunks.compaction_candidates(self.COMPACT_MIN_BYTES, self.COMPACT_PASS_BYTES)
         if not chosen:
             return
         ix = self._index
         slots = ix.live_slots()
         slots = slots[np.isin(ix["chunk"][slots], chosen)]
         slots = slots[np.lexsort((ix["row"][slots], ix["chunk"][slots]))]
-        rows = take_rows(self._tier.get(chosen), ix["chunk"][slots], ix["row"][slots], self.schema)
-        chunk = self._next_chunk
-        self._next_chunk += 1
-        self._tier.put(chunk, rows)
-        self._chunk_live[chunk] = self._chunk_rows[chunk] = len(slots)
-        ix["chunk"][slots] = chunk
+        rows = take_rows(self._chunks.get(chosen), ix["chunk"][slots], ix["row"][slots], self.schema)
+        ix["chunk"][slots] = self._chunks.replace(chosen, rows)
         ix["row"][slots] = np.arange(len(slots))
-        for c in chosen:
-            self._dead_bytes -= self._tier.size_of(c) * (1 - live_fraction[c])
-            del self._chunk_live[c], self._chunk_rows[c]
-        self._tier.delete(chosen)
         self.counters["compactions"] += 1
         self.counters["compacted_rows"] += len(slots)
 
     def _forget(self, slots: np.ndarray, reason: str) -> None:
         """Drop items from the index and the key map (remembering keys for dedup)."""
         self._limiter.delete(len(slots))
-        if self.spec.key is not None:
-            ids = self._index["id"][slots].tolist()
-            keys = self._key_of_slot[slots].tolist()
-            self._key_of_slot[slots] = None
-            window = self.spec.dedup_window
-            for key, item_id in zip(keys, ids):
-                self._keys.pop(key, None)
-                if window:
-                    self._removed_keys[key] = item_id
-            for _ in range(len(self._removed_keys) - window):
-                self._removed_keys.popitem(last=False)
+        if self._keys is not None:
+            self._keys.remove(slots, self._index["id"][slots])
         self._index.remove(slots)
         self.counters[f"removed_{reason}"] += len(slots)
 
     def _dedup(self, keys: list[str] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, new): the stored id of rows whose key is known; new marks the others."""
-        ids = np.zeros(n, dtype=np.uint64)
         if keys is None:
-            return ids, np.ones(n, dtype=bool)
-        live, removed = self._keys, self._removed_keys
-        known = np.fromiter((live.get(k, removed.get(k, 0)) for k in keys), dtype=np.uint64, count=n)
+            return np.zeros(n, dtype=np.uint64), np.ones(n, dtype=bool)
+        known = self._keys.lookup(keys)
         return known, known == 0
 
     def _stale_cutoff(self) -> int:

@@ -1,0 +1,44 @@
+"""Idempotency keys of a table: a row whose key is known is not stored twice.
+
+A key is known while its item is live, and for the next ``window`` removals after it
+leaves (FIFO), so a producer retrying an insert after a timeout never duplicates rows
+the table has already trained on and evicted. Lookups are one dict probe per row; the
+window costs about 100 bytes per remembered key. Not thread-safe: the table holds its lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+
+class KeyRegistry:
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._live: dict[str, int] = {}  # live key -> item id
+        self._removed: OrderedDict[str, int] = OrderedDict()  # recently removed key -> item id
+        self._of_slot = np.empty(0, dtype=object)
+
+    def lookup(self, keys: Sequence[str]) -> np.ndarray:
+        """uint64 item ids of known keys, 0 for unknown ones."""
+        live, removed = self._live, self._removed
+        return np.fromiter((live.get(k, removed.get(k, 0)) for k in keys), dtype=np.uint64, count=len(keys))
+
+    def add(self, slots: np.ndarray, keys: list[str], ids: np.ndarray) -> None:
+        if len(self._of_slot) <= int(slots.max(initial=-1)):
+            self._of_slot = np.resize(self._of_slot, max(16, 2 * (int(slots.max()) + 1)))
+        self._of_slot[slots] = keys
+        self._live.update(zip(keys, ids.tolist()))
+
+    def remove(self, slots: np.ndarray, ids: np.ndarray) -> None:
+        """The items in ``slots`` left: their keys move to the removed window."""
+        keys = self._of_slot[slots].tolist()
+        self._of_slot[slots] = None
+        for key, item_id in zip(keys, ids.tolist()):
+            self._live.pop(key, None)
+            if self.window:
+                self._removed[key] = item_id
+        for _ in range(len(self._removed) - self.window):
+            self._removed.popitem(last=False)
