@@ -1,0 +1,51 @@
+"""ChunkStore refcounts and dead-byte accounting; KeyRegistry's removal window."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from expstore.chunks import ChunkStore
+from expstore.keys import KeyRegistry
+from expstore.tiers.memory import MemoryTier
+
+
+def batch(n: int) -> pa.RecordBatch:
+    return pa.record_batch({"x": pa.array(np.arange(n, dtype=np.int64))})
+
+
+def test_chunks_are_freed_with_their_last_item_and_dead_bytes_return_to_zero():
+    store = ChunkStore(MemoryTier(1 << 30))
+    a, b = store.add(batch(100)), store.add(batch(100))
+    size = store.tier.size_of(a)
+    store.release([a, b], [30, 100])  # b is freed, a keeps 70 live rows
+    assert len(store) == 1 and store.tier.nbytes == size
+    assert store.dead_bytes == pytest.approx(0.3 * size)
+    assert store.freed_by([a], [70]) == size and store.freed_by([a], [69]) == 0
+    store.release([a], [70])
+    assert len(store) == 0 and store.tier.nbytes == 0 and store.dead_bytes == pytest.approx(0)
+
+
+def test_compaction_picks_the_deadest_chunks_once_a_quarter_is_dead():
+    store = ChunkStore(MemoryTier(1 << 30))
+    chunks = [store.add(batch(100)) for _ in range(4)]
+    store.release([chunks[0]], [20])  # 20% of one chunk dead: 5% of the tier
+    assert store.compaction_candidates(0, 1 << 30) == []
+    store.release(chunks[1:], [90, 60, 95])  # live fractions 0.8, 0.1, 0.4, 0.05
+    assert store.compaction_candidates(0, 1 << 30) == [chunks[3], chunks[1], chunks[2]]
+    assert store.compaction_candidates(1 << 40, 1 << 30) == []  # below min_dead_bytes
+    new = store.replace([chunks[3], chunks[1]], batch(15))
+    assert len(store) == 3 and store.tier.get([new])[new].num_rows == 15
+    size = store.tier.size_of(chunks[0])
+    assert store.dead_bytes == pytest.approx(0.2 * size + 0.6 * size)
+
+
+def test_keys_are_remembered_for_a_window_of_removals():
+    keys = KeyRegistry(window=2)
+    keys.add(np.array([0, 1, 2]), ["a", "b", "c"], np.array([1, 2, 3], dtype=np.uint64))
+    assert keys.lookup(["a", "x", "c"]).tolist() == [1, 0, 3]
+    keys.remove(np.array([0, 1, 2]), np.array([1, 2, 3], dtype=np.uint64))
+    assert keys.lookup(["a", "b", "c"]).tolist() == [0, 2, 3]  # "a" fell out of the window
+    keys.add(np.array([0]), ["a"], np.array([4], dtype=np.uint64))  # slot reuse
+    assert keys.lookup(["a"]).tolist() == [4]
