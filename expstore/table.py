@@ -417,6 +417,8 @@ class Table:
             for k, v in self._limiter.state().items():
                 if isinstance(v, (int, float)):
                     s[f"rate_limiter_{k}"] = float(v)
+            for k, v in self._sampler.stats().items():
+                s[f"sampler.{k}"] = v
             for name, g in self._consumers.items():
                 for k, v in g.stats().items():
                     s[f"group.{name}.{k}"] = v

@@ -83,6 +83,10 @@ class Selector(Protocol):
         """
         return np.empty(0, dtype=np.int64)
 
+    def stats(self) -> dict[str, float]:
+        """Selector-specific gauges for the table's stats (``sampler.<key>``)."""
+        return {}
+
 
 class Codebook:
     """Dense integer codes for strings (tasks, group ids), shared by a table and its

@@ -182,6 +182,9 @@ class GroupSampler(Selector):
         """Complete groups that can be sampled now."""
         return len(self._eligible)
 
+    def stats(self) -> dict[str, float]:
+        return {"complete_groups": self.complete_groups}
+
     def rejected(self) -> np.ndarray:
         out = np.concatenate(self._rejected) if self._rejected else EMPTY_SLOTS.copy()
         self._rejected = []

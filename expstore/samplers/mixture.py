@@ -65,6 +65,14 @@ class TaskMixture(Selector):
             self._weight_of[code] = w = float(w)
         return w
 
+    def stats(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for code, child in self._children.items():
+            name = "*" if code < 0 else self._tasks.name(code)
+            out[f"task.{name}.items"] = len(child)
+            out.update({f"task.{name}.{k}": v for k, v in child.stats().items()})
+        return out
+
     def children(self) -> dict[int, Selector]:
         """The child selector of each task code seen so far."""
         return dict(self._children)

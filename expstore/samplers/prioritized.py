@@ -75,6 +75,9 @@ class Prioritized(Selector):
             raise InvalidArgument(f"priority ** alpha overflows float64 (alpha={self.alpha})")
         return scaled
 
+    def stats(self) -> dict[str, float]:
+        return {"total_priority": float(self._tree.total)}  # sum of priority ** alpha
+
     def __len__(self) -> int:
         return len(self._held)
 
