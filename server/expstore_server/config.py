@@ -50,6 +50,7 @@ class ServerConfig:
     visibility_timeout_s: float = 60.0
     grace_s: float = 30.0
     log_level: str = "info"
+    keep_freed_memory: bool = True  # glibc keeps freed buffers mapped (see main.keep_freed_memory)
     audit_log: str | None = None  # default: <data_dir>/audit.jsonl
     tls_cert: str | None = None
     tls_key: str | None = None

