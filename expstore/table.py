@@ -89,9 +89,6 @@ class Rows:
 
 
 class Table:
-    COMPACT_MIN_BYTES = 16 << 20   # dead bytes below this are never worth a compaction
-    COMPACT_PASS_BYTES = 32 << 20  # live bytes one compaction pass copies, at most
-
     def __init__(self, spec: TableSpec, *, seed: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
@@ -235,6 +232,7 @@ class Table:
         self.counters["inserts"] += n_new
         self.counters["inserted_bytes"] += nbytes
         self.counters["duplicates"] += n - n_new
+        self._maybe_compact()
         self._changed()
         return InsertResult(ids, n_new, n - n_new, n_stale)
 
@@ -509,14 +507,15 @@ class Table:
         self._maybe_compact()
 
     def _maybe_compact(self) -> None:
-        """Rewrite mostly-dead chunks (``ChunkStore.compaction_candidates``).
+        """Rewrite mostly-dead or small chunks into one (``ChunkStore.compaction_candidates``).
 
         Removers other than fifo, and max_times_sampled under random sampling, leave
-        chunks with a few live rows that pin all their bytes (up to 256x the payload).
-        A pass copies the live rows of the deadest chunks, at most COMPACT_PASS_BYTES of
-        them, under the lock: a bounded pause, repeated by later removals if needed.
+        chunks with a few live rows that pin all their bytes (up to 256x the payload);
+        small inserts leave thousands of tiny chunks that make every sample slow. A pass
+        copies at most ~32 MiB of live rows under the lock: a bounded pause, repeated by
+        later calls if needed.
         """
-        chosen = self._chunks.compaction_candidates(self.COMPACT_MIN_BYTES, self.COMPACT_PASS_BYTES)
+        chosen = self._chunks.compaction_candidates()
         if not chosen:
             return
         ix = self._index

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from expstore.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                              ResourceExhausted, Unavailable)
+from expstore.chunks import ChunkStore
 from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.synthetic import trajectories
 from expstore.table import Table
@@ -888,7 +889,7 @@ def test_duplicate_traj_id_across_parts_of_one_insert_is_refused():
 
 
 def test_compaction_keeps_memory_proportional_to_live_items(monkeypatch):
-    monkeypatch.setattr(Table, "COMPACT_MIN_BYTES", 0)
+    monkeypatch.setattr(ChunkStore, "COMPACT_MIN_BYTES", 0)
     t = make(max_times_sampled=1)  # uniform sampling removes random items: chunks go sparse
     data = [traj(64, f"c{i}") for i in range(8)]
     for d in data:
@@ -913,7 +914,8 @@ def test_compaction_keeps_memory_proportional_to_live_items(monkeypatch):
 @given(steps=st.lists(st.tuples(st.sampled_from(["insert", "sample", "priorities"]), st.integers(1, 12)),
                       min_size=1, max_size=25))
 def test_payloads_follow_their_ids_through_evictions_and_compactions(steps):
-    Table.COMPACT_MIN_BYTES, saved = 0, Table.COMPACT_MIN_BYTES
+    saved = ChunkStore.COMPACT_MIN_BYTES, ChunkStore.MERGE_BYTES
+    ChunkStore.COMPACT_MIN_BYTES, ChunkStore.MERGE_BYTES = 0, 20_000  # compact and merge often
     try:
         t = make(sampler=SamplerSpec("uniform"), remover="min_priority", max_size=30, max_times_sampled=2)
         rng = np.random.default_rng(0)
@@ -931,4 +933,4 @@ def test_payloads_follow_their_ids_through_evictions_and_compactions(steps):
             live = [i for i in sorted(owner) if live_ids(t, [i])]
             assert traj_ids(t.get(live)) == [owner[i] for i in live]
     finally:
-        Table.COMPACT_MIN_BYTES = saved
+        ChunkStore.COMPACT_MIN_BYTES, ChunkStore.MERGE_BYTES = saved
