@@ -270,7 +270,8 @@ class Table:
             if self.spec.sampler.type in _UNORDERED:
                 order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
                 slots, probabilities, weights = slots[order], probabilities[order], weights[order]
-            self._allowance -= n
+            if capped:
+                self._allowance -= n
             self._limiter.sample(n)
             self.counters["samples"] += n
             rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
@@ -323,9 +324,11 @@ class Table:
                 raise FailedPrecondition(f"table {self.name!r}: policy version must not decrease "
                                          f"(current {self.policy_version}, got {version})")
             self.policy_version = version
-            live = self._index.live_slots()
-            stale = live[self._index["policy_version"][live] < self._stale_cutoff()]
-            self._remove(stale, "stale")
+            stale = np.zeros(0, dtype=np.int64)
+            if self.spec.max_staleness is not None:  # else nothing can be stale: skip the O(n) scan
+                live = self._index.live_slots()
+                stale = live[self._index["policy_version"][live] < self._stale_cutoff()]
+                self._remove(stale, "stale")
             self._changed()
             return len(stale)
 

@@ -24,8 +24,6 @@ def spec_from_proto(config: pb.TableConfig) -> TableSpec:
             d["schema"] = arrow_ipc.decode_schema(d["schema"])
         except (pa.ArrowException, ValueError, OSError) as e:
             raise InvalidArgument(f"table {config.name!r}: schema is not an Arrow IPC schema: {e}") from None
-    if "task_weights" in d.get("sampler", {}) and not d["sampler"]["task_weights"]:
-        del d["sampler"]["task_weights"]
     return TableSpec.from_dict(d)
 
 
