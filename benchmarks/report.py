@@ -164,7 +164,7 @@ def render(results: dict) -> str:
     parts = [f"expstore benchmarks ({meta['mode']} run, {meta['started']}, {meta['cpus']} CPUs, "
              f"Python {meta['python']}, grpcio {meta['grpcio']}, pyarrow {meta['pyarrow']}, "
              f"numpy {meta['numpy']}; {meta['elapsed_s']:.0f} s)",
-             f"envs: " + "; ".join(f"{k} = {v or '(inherited)'}" for k, v in meta["envs"].items())]
+             "envs: " + "; ".join(f"{k} = {v or '(inherited)'}" for k, v in meta["envs"].items())]
     if "wire" in results:
         parts.append(wire_section(results["wire"], checks))
     if "engine" in results:

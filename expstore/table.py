@@ -23,7 +23,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import schema as protocol
 from .errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,

@@ -5,7 +5,6 @@ must keep serving."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
