@@ -61,9 +61,15 @@ class DeadlineExceeded(ExpstoreError, TimeoutError):
 
 
 class Unavailable(ExpstoreError):
-    """The table is closing or the server is draining."""
+    """The table is closing, the server is draining, or a tier cannot be reached."""
 
     code = "UNAVAILABLE"
+
+
+class DataLoss(ExpstoreError):
+    """Stored bytes failed their checksum: reported, never handed to a caller as data."""
+
+    code = "DATA_LOSS"
 
 
 class Unauthenticated(ExpstoreError):

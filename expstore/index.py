@@ -50,14 +50,18 @@ class ItemIndex:
 
     # -- mutation ---------------------------------------------------------------------
 
-    def add(self, n: int, **values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Allocate n slots and ids, set the given columns; returns (slots, ids)."""
+    def add(self, n: int, ids: np.ndarray | None = None, **values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Allocate n slots and ids, set the given columns; returns (slots, ids). A restore
+        passes the ``ids`` it recorded (ascending, above every id so far)."""
         if n > self._num_free:
             self._grow(self._size + n)
         slots = self._free[self._num_free - n:self._num_free][::-1].copy()
         self._num_free -= n
-        ids = np.arange(self.next_id, self.next_id + n, dtype=np.uint64)
-        self.next_id += n
+        if ids is None:
+            ids = np.arange(self.next_id, self.next_id + n, dtype=np.uint64)
+        else:
+            ids = np.asarray(ids, dtype=np.uint64)
+        self.next_id = max(self.next_id, int(ids[-1]) + 1) if n else self.next_id
         cols = self.cols
         for name in COLUMNS:
             cols[name][slots] = 0

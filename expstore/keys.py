@@ -42,3 +42,13 @@ class KeyRegistry:
                 self._removed[key] = item_id
         for _ in range(len(self._removed) - self.window):
             self._removed.popitem(last=False)
+
+    def keys_of(self, slots: np.ndarray) -> list[str]:
+        return self._of_slot[slots].tolist()
+
+    def removed(self) -> tuple[list[str], np.ndarray]:
+        """The removal window, oldest first (for snapshots)."""
+        return list(self._removed), np.fromiter(self._removed.values(), dtype=np.uint64, count=len(self._removed))
+
+    def restore_removed(self, keys: list[str], ids: np.ndarray) -> None:
+        self._removed.update(zip(keys, ids.tolist()))

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import pyarrow as pa
 
-from .errors import InvalidArgument
+from .errors import FailedPrecondition, InvalidArgument
 
 SAMPLER_TYPES = ("uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap", "group")
 REMOVER_TYPES = ("fifo", "lifo", "min_priority")
 KINDS = ("trajectory", "generic")
 RATE_LIMITER_TYPES = ("min_size", "sample_to_insert_ratio", "queue", "stack", "custom")
+TIERS = ("memory", "ssd", "remote")  # memory only (volatile) | + SSD (durable) | + remote
+DURABILITIES = ("memory", "wal", "fsync")
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -98,7 +100,16 @@ class TableSpec:
     max_times_sampled: an item is removed after this many samples (0: never).
     max_staleness: with policy version v set, items with policy_version < v -
         max_staleness are removed from the table (never sampled or streamed).
-    memory_bytes: byte budget of the memory tier.
+    memory_bytes: byte budget of the memory tier (a hard limit for volatile tables, a
+        cache size for durable ones).
+    tiers: "memory" (volatile: lost on restart), "ssd" (memory + RocksDB: durable,
+        restored on restart) or "remote" (memory + SSD + the remote tier). Unset: "ssd"
+        on a server with a data dir, "memory" in an embedded store without one.
+    ssd_bytes: SSD watermark; beyond it the oldest chunks move to the remote tier.
+    durability: what an acknowledged insert survives when the request does not say:
+        "memory" (nothing), "wal" (a killed server), "fsync" (a power loss).
+    archive: items that leave the sampling window move to the remote tier (queryable)
+        instead of being deleted.
     """
 
     name: str
@@ -113,6 +124,10 @@ class TableSpec:
     max_staleness: int | None = None
     memory_bytes: int = 2 << 30
     dedup_window: int = 1_000_000
+    tiers: str | None = None
+    ssd_bytes: int = 64 << 30
+    durability: str | None = None  # None: "wal", or "memory" for a memory-only table
+    archive: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and TABLE_NAME.match(self.name) is not None,
@@ -124,6 +139,14 @@ class TableSpec:
         _require(self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be >= 0")
         _require(self.memory_bytes >= 1, "memory_bytes must be >= 1")
         _require(self.dedup_window >= 0, "dedup_window must be >= 0")
+        if self.tiers is not None:
+            _one_of("tiers", self.tiers, TIERS)
+        if self.durability is not None:
+            _one_of("durability", self.durability, DURABILITIES)
+        _require(self.ssd_bytes >= 1, "ssd_bytes must be >= 1")
+        _require(not self.archive or self.tiers in ("remote", None), "archive = true needs tiers = \"remote\"")
+        _require(self.tiers != "memory" or self.durability in ("memory", None),
+                 "a memory-only table can only acknowledge at durability \"memory\"")
         if self.kind == "generic":
             _require(self.schema is not None and len(self.schema) > 0,
                      "a generic table needs a schema")
@@ -131,6 +154,16 @@ class TableSpec:
             _require(self.kind == "trajectory", "the group sampler needs a trajectory table (group_id)")
             _require(self.sampler.group_size <= self.max_size,
                      f"sampler.group_size {self.sampler.group_size} exceeds max_size {self.max_size}")
+
+    def resolved(self, durable: bool) -> "TableSpec":
+        """The spec with tiers and durability filled in, for a store that has (durable)
+        or lacks an SSD tier."""
+        tiers = self.tiers or ("ssd" if durable else "memory")
+        if tiers != "memory" and not durable:
+            raise FailedPrecondition(f"table {self.name!r}: tiers = {tiers!r} needs a data dir "
+                                     f"(the SSD tier); use tiers = \"memory\" for a volatile table")
+        durability = self.durability or ("memory" if tiers == "memory" else "wal")
+        return replace(self, tiers=tiers, durability=durability)
 
     @property
     def key(self) -> str | None:

@@ -1,27 +1,74 @@
-"""The store: the set of tables one server owns.
+"""The store: the set of tables one server owns, and the data dir they persist in.
 
 A registry lock guards the name -> table map only; each table has its own lock, so work
-on one table never waits for another.
+on one table never waits for another. With a data dir, the store opens its RocksDB (under
+an exclusive lock: one server per dir), records each durable table's config in the meta
+column family and restores every durable table at start. Memory-only tables are volatile.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import threading
+import time
+from pathlib import Path
+from typing import Callable
 
-from .errors import AlreadyExists, NotFound
+from rocksdict import WriteBatch
+
+from .errors import AlreadyExists, ExpstoreError, NotFound
+from .proto import arrow_ipc
 from .spec import TableSpec
-from .table import Table
+from .table import Storage, Table
+from .tiers.rocks import Database
+
+log = logging.getLogger("expstore.store")
+_TABLE = b"table/"
+_NEXT_TABLE_ID = b"next_table_id"
 
 
 class Store:
-    def __init__(self, *, seed: int | None = None) -> None:
+    def __init__(self, data_dir: str | Path | None = None, *, seed: int | None = None,
+                 remote: Callable[[str], object] | None = None, min_free_bytes: int = 0) -> None:
         self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()
         self._seed = seed
+        self._remote = remote
+        self.db = Database(data_dir, min_free_bytes) if data_dir is not None else None
+        self.restored: dict[str, dict[str, int]] = {}
+        self.remote_error: str | None = None  # the last demotion failure, until one succeeds
+        self._stop = threading.Event()
+        self._mover: threading.Thread | None = None
+        if self.db is not None:
+            self._restore()
+
+    # -- the mover: SSD -> remote demotion ----------------------------------------------
+
+    def start_mover(self, interval_s: float = 1.0, max_backoff_s: float = 60.0) -> None:
+        """Demote chunks of tables over their SSD watermark in the background. A failing
+        remote tier is retried with exponential backoff; meanwhile ``remote_error`` says
+        why (health reports degraded) and the data stays on the SSD."""
+        def run():
+            backoff = interval_s
+            while not self._stop.wait(backoff):
+                try:
+                    while any(t.demote() for t in self.tables() if t.spec.tiers == "remote"):
+                        if self._stop.is_set():
+                            return
+                    self.remote_error, backoff = None, interval_s
+                except ExpstoreError as e:
+                    if self.remote_error is None:
+                        log.warning("remote tier unavailable, retrying with backoff: %s", e)
+                    self.remote_error, backoff = str(e), min(max_backoff_s, backoff * 2)
+        self._mover = threading.Thread(target=run, name="expstore-mover", daemon=True)
+        self._mover.start()
 
     def create_table(self, spec: TableSpec, *, if_not_exists: bool = False) -> Table:
         """Create a table. With ``if_not_exists``, an existing table of the same spec is
         returned; one with a different spec is still ALREADY_EXISTS."""
+        spec = spec.resolved(durable=self.db is not None)
         with self._lock:
             existing = self._tables.get(spec.name)
             if existing is not None:
@@ -29,16 +76,26 @@ class Store:
                     return existing
                 detail = "with a different config" if if_not_exists else "already"
                 raise AlreadyExists(f"table {spec.name!r} exists {detail}; drop it first or use another name")
-            table = Table(spec, seed=None if self._seed is None else self._seed + len(self._tables))
+            storage = None
+            if spec.tiers != "memory":
+                storage = Storage(self.db, self._next_table_id(), self._remote)
+            table = self._open(spec, storage)
+            if storage is not None:
+                self._save(spec, storage.table_id)
             self._tables[spec.name] = table
             return table
 
     def drop_table(self, name: str) -> None:
         with self._lock:
             table = self._tables.pop(name, None)
-        if table is None:
-            raise NotFound(self._unknown(name))
-        table.close()
+            if table is None:
+                raise NotFound(self._unknown(name))
+            table.close()
+            if table.storage is not None:
+                table.purge()
+                wb = WriteBatch(raw_mode=True)
+                wb.delete(_TABLE + name.encode(), self.db.handle["meta"])
+                self.db.write(wb, "wal")
 
     def table(self, name: str) -> Table:
         table = self._tables.get(name)
@@ -51,9 +108,56 @@ class Store:
             return sorted(self._tables.values(), key=lambda t: t.name)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._mover is not None:
+            self._mover.join()
         for table in self.tables():
             table.close()
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    # -- persistence ------------------------------------------------------------------
+
+    def _open(self, spec: TableSpec, storage: Storage | None) -> Table:
+        seed = None if self._seed is None else self._seed + len(self._tables)
+        return Table(spec, seed=seed, storage=storage)
+
+    def _save(self, spec: TableSpec, table_id: int) -> None:
+        d = spec.to_dict()
+        d.pop("columns", None)  # the schema travels as Arrow IPC: every type round-trips
+        record = {"id": table_id, "spec": d,
+                  "schema": arrow_ipc.encode_schema(spec.schema).hex() if spec.schema is not None else None}
+        wb = WriteBatch(raw_mode=True)
+        wb.put(_TABLE + spec.name.encode(), json.dumps(record).encode(), self.db.handle["meta"])
+        self.db.write(wb, "wal")
+
+    def _next_table_id(self) -> int:
+        raw = self.db.get("meta", [_NEXT_TABLE_ID])[0]
+        table_id = int(raw) if raw is not None else 1
+        wb = WriteBatch(raw_mode=True)
+        wb.put(_NEXT_TABLE_ID, str(table_id + 1).encode(), self.db.handle["meta"])
+        self.db.write(wb, "wal")
+        return table_id
+
+    def _restore(self) -> None:
+        for _, value in self.db.items("meta", _TABLE):
+            record = json.loads(value)
+            spec = TableSpec.from_dict(record["spec"])
+            if record["schema"] is not None:
+                spec = dataclasses.replace(spec, schema=arrow_ipc.decode_schema(bytes.fromhex(record["schema"])))
+            started = time.perf_counter()
+            table = self._open(spec, Storage(self.db, record["id"], self._remote))
+            self.restored[spec.name] = result = table.restore()
+            log.info("restored table %r: %d items from %d journal records in %.2f s%s", spec.name,
+                     result["items"], result["records"], time.perf_counter() - started,
+                     f"; {result['lost']} items acknowledged at durability 'memory' were lost"
+                     if result["lost"] else "")
+            self._tables[spec.name] = table
 
     def _unknown(self, name: str) -> str:
         known = sorted(self._tables)
         return f"no table {name!r} (tables: {', '.join(known) if known else 'none'})"
+
+
+

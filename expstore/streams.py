@@ -10,6 +10,9 @@ acks or deliveries is a few vectorised calls. Not thread-safe: the table holds i
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 
 from .errors import NotFound
@@ -25,6 +28,7 @@ class ConsumerGroup:
         self.delivered = 0
         self.redelivered = 0
         self.acked = 0
+        self.cuts: dict[int, dict[str, Any]] = {}  # step -> position, in-flight ids, tag
 
     @property
     def committed(self) -> int:
@@ -79,3 +83,43 @@ class ConsumerGroup:
         return {"position": self.position, "committed": self.committed,
                 "inflight": len(self.inflight_ids), "delivered": self.delivered,
                 "redelivered": self.redelivered, "acked": self.acked}
+
+    # -- training cuts ----------------------------------------------------------------
+
+    def cut(self, step: int, tag: str) -> None:
+        """Remember where the group stands: resuming at ``step`` redelivers everything
+        delivered after this point (acked or not) and everything in flight now."""
+        self.cuts[step] = {"position": self.position, "inflight": self.inflight_ids.tolist(), "tag": tag}
+
+    def check_cut(self, step: int, table: str) -> None:
+        if step not in self.cuts:
+            known = ", ".join(map(str, sorted(self.cuts))) or "none"
+            raise NotFound(f"table {table!r}: consumer group {self.name!r} has no cut at step "
+                           f"{step} (cuts: {known})")
+
+    def resume(self, step: int) -> None:
+        c = self.cuts[step]
+        self.position = c["position"]
+        self.inflight_ids = np.array(c["inflight"], dtype=np.uint64)
+        self.deadlines = np.zeros(len(self.inflight_ids))  # due now: redelivered first
+        self.cuts = {s: v for s, v in self.cuts.items() if s <= step}
+
+    # -- persistence --------------------------------------------------------------------
+
+    def to_dict(self, clock_now: float) -> dict[str, Any]:
+        """Plain state; deadlines as wall-clock times (the monotonic clock restarts)."""
+        wall = time.time() - clock_now
+        return {"name": self.name, "start": self.start, "position": self.position,
+                "inflight": self.inflight_ids.tolist(), "deadlines": (self.deadlines + wall).tolist(),
+                "delivered": self.delivered, "redelivered": self.redelivered, "acked": self.acked,
+                "cuts": {str(k): v for k, v in self.cuts.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], clock_now: float) -> "ConsumerGroup":
+        g = cls(d["name"], d["start"])
+        g.position = d["position"]
+        g.inflight_ids = np.array(d["inflight"], dtype=np.uint64)
+        g.deadlines = np.array(d["deadlines"], dtype=np.float64) - (time.time() - clock_now)
+        g.delivered, g.redelivered, g.acked = d["delivered"], d["redelivered"], d["acked"]
+        g.cuts = {int(k): v for k, v in d["cuts"].items()}
+        return g

@@ -8,8 +8,12 @@ deadline (the table owns waiting; the rate limiter is arithmetic). Callers that 
 block a thread (the asyncio server) call with ``timeout=0`` and wait for ``subscribe``
 notifications instead; a ``DeadlineExceeded`` then means "would block".
 
-Bounds: ``max_size`` bounds items (the remover makes room); the memory tier's budget
-bounds bytes (an insert that cannot fit is refused whole with RESOURCE_EXHAUSTED).
+Bounds: ``max_size`` bounds items (the remover makes room). A volatile (memory-only)
+table's memory budget bounds bytes: an insert that cannot fit is refused whole with
+RESOURCE_EXHAUSTED. A durable table writes its chunks to the SSD tier before taking the
+lock, logs every change in its journal under the lock (so the log order is the apply
+order), and acknowledges after the log write at the requested durability; ``restore``
+rebuilds it after a restart (see journal.py and placement.py).
 """
 
 from __future__ import annotations
@@ -18,27 +22,31 @@ import operator
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from . import schema as protocol
-from .errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
-                     ResourceExhausted, Unavailable)
+from .errors import (DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
+                     NotFound, ResourceExhausted, Unavailable)
 from .chunks import ChunkStore
 from .gather import take_rows
-from .index import ItemIndex
+from .index import COLUMNS, ItemIndex
+from .journal import Journal
 from .keys import KeyRegistry
+from .placement import Placement, ReadPlan, Staged
 from .ratelimit import RateLimiter
 from .samplers import make_remover, make_sampler
 from .samplers.base import Codebook, Items
 from .spec import TableSpec
 from .streams import ConsumerGroup
 from .tiers.memory import MemoryTier
+from .tiers.rocks import Database, RocksTier
 
 DEFAULT_VISIBILITY_TIMEOUT = 60.0
+MANIFESTS_IN_MEMORY = 10_000  # steps a volatile table remembers
 # Samplers whose selections are i.i.d.: their rows may be returned in storage order.
 _UNORDERED = ("uniform", "prioritized")
 
@@ -55,6 +63,8 @@ class PreparedInsert:
     group_sizes: np.ndarray
     tasks: pa.ChunkedArray | None
     rewards: np.ndarray
+    durability: str = "memory"
+    staged: list[Staged] = field(default_factory=list)  # one chunk per batch, until committed
 
     @property
     def num_rows(self) -> int:
@@ -87,9 +97,20 @@ class Rows:
     weights: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class Storage:
+    """Where a durable table keeps its data: the server's RocksDB under ``table_id``, and
+    the remote tier factory (``remote(table_name)``) when the table uses one."""
+
+    db: Database
+    table_id: int
+    remote: Callable[[str], object] | None = None
+
+
 class Table:
     def __init__(self, spec: TableSpec, *, seed: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, storage: Storage | None = None) -> None:
+        spec = spec.resolved(durable=storage is not None)
         self.spec = spec
         self.name = spec.name
         self.schema = protocol.table_schema(spec.kind, spec.schema, table=spec.name)
@@ -101,13 +122,25 @@ class Table:
         self._closed = False
 
         self._index = ItemIndex()
-        self._chunks = ChunkStore(MemoryTier(spec.memory_bytes))
+        durable = spec.tiers != "memory"
+        if spec.tiers == "remote" and storage.remote is None:
+            raise FailedPrecondition(f"table {self.name!r}: tiers = \"remote\" needs the server's "
+                                     f"remote tier to be configured ([remote] uri)")
+        self.storage = storage if durable else None
+        self._journal = Journal(storage.db, storage.table_id) if durable else None
+        self._replaying = False
+        self._chunks = ChunkStore(Placement(
+            MemoryTier(spec.memory_bytes),
+            RocksTier(storage.db, storage.table_id) if durable else None,
+            storage.remote(spec.name) if spec.tiers == "remote" else None,
+            ssd_budget=spec.ssd_bytes))
         self._keys = KeyRegistry(spec.dedup_window) if spec.key is not None else None
         self._tasks, self._groups = Codebook(), Codebook()
         self._sampler = make_sampler(spec.sampler, self._tasks)
         self._remover = make_remover(spec.remover)
         self._limiter = RateLimiter.from_spec(spec.rate_limiter)
         self._consumers: dict[str, ConsumerGroup] = {}
+        self._manifests: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
 
         # Samples the live items may still take under max_times_sampled (sum of allowances).
         self._allowance = 0
@@ -117,9 +150,13 @@ class Table:
     # -- inserts ----------------------------------------------------------------------
 
     def prepare_insert(self, data: Sequence[pa.RecordBatch | pa.Table] | pa.RecordBatch | pa.Table,
-                       priorities: np.ndarray | Sequence[float] | None = None) -> PreparedInsert:
-        """Conform and validate rows (no lock held). Raises InvalidArgument naming the
-        table, row and column of the first problem; nothing is applied then."""
+                       priorities: np.ndarray | Sequence[float] | None = None,
+                       durability: str | None = None) -> PreparedInsert:
+        """Conform and validate rows, and write their chunks to the SSD tier (no lock
+        held). Raises InvalidArgument naming the table, row and column of the first
+        problem; nothing is applied then. A prepared insert is committed (perhaps after
+        retries) or abandoned."""
+        durability = self._durability(durability)
         parts = [data] if isinstance(data, (pa.RecordBatch, pa.Table)) else list(data)
         if not parts:
             raise InvalidArgument(f"table {self.name!r}: insert of no rows")
@@ -145,22 +182,40 @@ class Table:
             groups = whole.column("group_id")
             group_sizes = whole.column("group_size").fill_null(0).to_numpy().astype(np.int64)
             self._check_group_sizes(group_sizes)
-            return PreparedInsert(
+            prep = PreparedInsert(
                 batches=batches, keys=keys, priorities=pr,
                 policy_versions=whole.column("policy_version").to_numpy().astype(np.int64),
                 groups=groups, group_sizes=group_sizes, tasks=whole.column("task"),
-                rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy())
-        return PreparedInsert(
-            batches=batches, keys=keys, priorities=pr, policy_versions=np.zeros(n, np.int64),
-            groups=None, group_sizes=np.zeros(n, np.int64), tasks=None,
-            rewards=np.full(n, np.nan))
+                rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy(),
+                durability=durability)
+        else:
+            prep = PreparedInsert(
+                batches=batches, keys=keys, priorities=pr, policy_versions=np.zeros(n, np.int64),
+                groups=None, group_sizes=np.zeros(n, np.int64), tasks=None,
+                rewards=np.full(n, np.nan), durability=durability)
+        try:
+            for b in batches:  # the SSD writes, outside the lock
+                prep.staged.append(self._chunks.stage(b, durability))
+        except BaseException:
+            self.abandon_insert(prep)
+            raise
+        return prep
 
-    def insert(self, data, priorities=None, timeout: float | None = None) -> InsertResult:
+    def insert(self, data, priorities=None, timeout: float | None = None,
+               durability: str | None = None) -> InsertResult:
         """Validate and store rows, all or none. Blocks (up to ``timeout`` seconds; None:
-        forever) while the rate limiter holds inserts back."""
-        return self.commit_insert(self.prepare_insert(data, priorities), timeout)
+        forever) while the rate limiter holds inserts back. Returns once the rows survive
+        what ``durability`` promises (None: the table's default)."""
+        prep = self.prepare_insert(data, priorities, durability)
+        try:
+            return self.commit_insert(prep, timeout)
+        except BaseException:
+            self.abandon_insert(prep)
+            raise
 
     def commit_insert(self, prep: PreparedInsert, timeout: float | None = None) -> InsertResult:
+        """Store prepared rows. On DeadlineExceeded the insert may be retried; after any
+        other error nothing was applied and the caller abandons it."""
         deadline = self._deadline(timeout)
         with self._cond:
             while True:
@@ -169,14 +224,38 @@ class Table:
                 n_new = int(new.sum())
                 if n_new == 0:
                     self.counters["duplicates"] += prep.num_rows
+                    self._chunks.placement.delete([s.chunk_id for s in prep.staged])
+                    prep.staged.clear()
                     return InsertResult(ids, 0, prep.num_rows, 0)
                 self._limiter.check_insert_batch(n_new)
                 if self._limiter.can_insert(n_new):
                     break
                 self._wait(deadline, "insert", f"rate limiter: {n_new} inserts must wait for samples")
-            return self._apply_insert(prep, ids, new)
+            result = self._apply_insert(prep, prep.staged, ids, new, prep.durability)
+            prep.staged.clear()
+        if prep.durability == "fsync":
+            self.storage.db.sync()  # one fsync covers every write before it: group commit
+        return result
 
-    def _apply_insert(self, prep: PreparedInsert, ids: np.ndarray, new: np.ndarray) -> InsertResult:
+    def abandon_insert(self, prep: PreparedInsert) -> None:
+        """Free the chunks of an insert that will not be committed."""
+        if prep.staged:
+            with self._cond:
+                self._chunks.placement.delete([s.chunk_id for s in prep.staged])
+                prep.staged.clear()
+
+    def _durability(self, durability: str | None) -> str:
+        if durability is None:
+            return self.spec.durability
+        if durability not in ("memory", "wal", "fsync"):
+            raise InvalidArgument(f"table {self.name!r}: durability must be memory, wal or fsync, got {durability!r}")
+        if durability != "memory" and self._journal is None:
+            raise FailedPrecondition(f"table {self.name!r}: durability {durability!r} needs the SSD "
+                                     f"tier; this table is memory-only (tiers = \"memory\")")
+        return durability
+
+    def _apply_insert(self, prep: PreparedInsert, staged: list[Staged], ids: np.ndarray,
+                      new: np.ndarray, durability: str) -> InsertResult:
         n = prep.num_rows
         n_new = int(new.sum())
         stale = new & (prep.policy_versions < self._stale_cutoff())
@@ -185,61 +264,87 @@ class Table:
         if n_store > self.spec.max_size:
             raise InvalidArgument(f"table {self.name!r}: an insert of {n_store} rows exceeds "
                                   f"max_size={self.spec.max_size}; split it")
-        # Chunks to store: rows of duplicates or stale rows are dropped from them first.
+        # Each prepared batch is one chunk; rows of duplicates or stale rows are dead in
+        # it from the start (a volatile table drops them first: its bytes are the budget).
         offsets = np.cumsum([0] + [b.num_rows for b in prep.batches])
-        chunks: list[tuple[int, int, pa.RecordBatch]] = []
-        for b, lo, hi in zip(prep.batches, offsets[:-1].tolist(), offsets[1:].tolist()):
+        chunks: list[tuple[int, int, Staged]] = []
+        unused: list[int] = []
+        for s, lo, hi in zip(staged, offsets[:-1].tolist(), offsets[1:].tolist()):
             keep = store[lo:hi]
-            if keep.any():
-                chunks.append((lo, hi, b if keep.all() else b.filter(pa.array(keep))))
-        nbytes = sum(b.get_total_buffer_size() for _, _, b in chunks)
+            if not keep.any():
+                unused.append(s.chunk_id)
+            elif keep.all() or self._journal is not None:
+                chunks.append((lo, hi, s))
+            else:
+                chunks.append((lo, hi, Staged(s.chunk_id, s.batch.filter(pa.array(keep)))))
+        nbytes = sum(s.batch.get_total_buffer_size() for _, _, s in chunks)
         victims = self._victims(len(self._index) + n_store - self.spec.max_size)
-        self._check_budget(nbytes, victims)
-        # Nothing has changed so far; from here on the insert is applied whole.
-        self._remove(victims, "max_size")
+        if self._journal is None:
+            self._check_budget(nbytes, victims)
         chunk_of_row = np.full(n, -1, dtype=np.int64)
         row_in_chunk = np.zeros(n, dtype=np.int64)
-        for lo, hi, b in chunks:
-            chunk = self._chunks.add(b)
+        for lo, hi, s in chunks:
             keep = store[lo:hi]
-            chunk_of_row[lo:hi][keep] = chunk
-            row_in_chunk[lo:hi][keep] = np.arange(b.num_rows)
+            chunk_of_row[lo:hi][keep] = s.chunk_id
+            row_in_chunk[lo:hi][keep] = np.flatnonzero(keep) if s.batch.num_rows == hi - lo \
+                else np.arange(int(keep.sum()))
         # Index every new row; stale ones are removed again at once (ids stay unique).
         new_rows = np.flatnonzero(new)
-        groups = self._groups.encode(prep.groups.take(pa.array(new_rows))) if prep.groups is not None \
-            else np.full(n_new, -1, np.int64)
-        tasks = self._tasks.encode(prep.tasks.take(pa.array(new_rows))) if prep.tasks is not None \
-            else np.full(n_new, -1, np.int64)
-        slots, new_ids = self._index.add(
-            n_new, chunk=chunk_of_row[new_rows], row=row_in_chunk[new_rows],
+        rows = dict(
+            chunk=chunk_of_row[new_rows], row=row_in_chunk[new_rows],
             priority=prep.priorities[new_rows], policy_version=prep.policy_versions[new_rows],
-            inserted_at=time.time(), group=groups, group_size=prep.group_sizes[new_rows],
-            task=tasks, reward=prep.rewards[new_rows])
+            inserted_at=np.full(n_new, time.time()), group_size=prep.group_sizes[new_rows],
+            reward=prep.rewards[new_rows])
+        groups = prep.groups.take(pa.array(new_rows)) if prep.groups is not None else None
+        tasks = prep.tasks.take(pa.array(new_rows)) if prep.tasks is not None else None
+        keys = [prep.keys[i] for i in new_rows.tolist()] if prep.keys is not None else None
+        new_ids = np.arange(self._index.next_id, self._index.next_id + n_new, dtype=np.uint64)
+        if self._journal is not None:  # logged first: a failed write changes nothing
+            self._log("insert", durability, ids=new_ids, stored=store[new_rows], keys=keys,
+                      groups=None if groups is None else groups.to_pylist(),
+                      tasks=None if tasks is None else tasks.to_pylist(),
+                      victims=self._index["id"][victims], **rows)
+        # From here on the insert is applied whole.
+        self._remove(victims, "max_size", log=False)
+        self._chunks.placement.delete(unused)
+        for lo, hi, s in chunks:
+            self._chunks.add(s, live=int(store[lo:hi].sum()))
         ids[new_rows] = new_ids
-        if self._keys is not None:
-            self._keys.add(slots, [prep.keys[i] for i in new_rows.tolist()], new_ids)
-        stored = store[new_rows]
-        items = self._items(slots[stored])
-        self._sampler.insert(items)
-        self._remover.insert(items)
-        self._allowance += self.spec.max_times_sampled * len(items)
-        self._limiter.insert(n_new)
-        n_stale = n_new - n_store
-        if n_stale:
-            self._forget(slots[~stored], "stale")  # never stored in a tier or a selector
-        self._remove(self._sampler.rejected(), "zero_variance")
-        self.counters["inserts"] += n_new
+        self._add_items(new_ids, rows, groups, tasks, keys, store[new_rows])
         self.counters["inserted_bytes"] += nbytes
         self.counters["duplicates"] += n - n_new
         self._maybe_compact()
         self._changed()
-        return InsertResult(ids, n_new, n - n_new, n_stale)
+        return InsertResult(ids, n_new, n - n_new, n_new - n_store)
+
+    def _add_items(self, ids: np.ndarray, rows: dict[str, np.ndarray], groups, tasks,
+                   keys: list[str] | None, stored: np.ndarray) -> None:
+        """Index new items and offer the stored ones to the selectors (insert and replay)."""
+        n = len(ids)
+        encode = lambda book, values: book.encode(pa.array(values, pa.string()) if isinstance(values, list)
+                                                  else values) if values is not None else np.full(n, -1, np.int64)
+        slots, _ = self._index.add(n, ids=ids, group=encode(self._groups, groups),
+                                   task=encode(self._tasks, tasks), **rows)
+        if self._keys is not None:
+            self._keys.add(slots, keys, ids)
+        items = self._items(slots[stored])
+        self._sampler.insert(items)
+        self._remover.insert(items)
+        self._allowance += self.spec.max_times_sampled * len(items)
+        self._limiter.insert(n)
+        if not stored.all():
+            self._forget(slots[~stored], "stale")  # never stored in a tier or a selector
+        self._remove(self._sampler.rejected(), "zero_variance", log=False)  # replay redoes it
+        self.counters["inserts"] += n
 
     # -- sampling ---------------------------------------------------------------------
 
-    def sample(self, n: int, timeout: float | None = None) -> Rows:
+    def sample(self, n: int, timeout: float | None = None, step: int | None = None) -> Rows:
         """Sample n items with the table's sampler. Blocks (up to ``timeout``) until the
-        rate limiter and the sampler can serve n."""
+        rate limiter and the sampler can serve n. With ``step``, the batch's manifest
+        (item ids, policy versions) is recorded under that training step."""
+        if step is not None and step < 0:
+            raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
         if n < 1:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
         self._check_sample_size(n)
@@ -269,14 +374,20 @@ class Table:
             if self.spec.sampler.type in _UNORDERED:
                 order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
                 slots, probabilities, weights = slots[order], probabilities[order], weights[order]
-            if capped:
-                self._allowance -= n
-            self._limiter.sample(n)
-            self.counters["samples"] += n
+            self._log("sampled", ids=self._index["id"][slots], n=n)
+            self._sampled(n)
+            if step is not None:
+                self._record_manifest(step, slots)
             rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
             self._remove(done, "max_times_sampled", in_sampler=False)
             self._changed()
-        return rows.gather()
+        return self._gather(rows)
+
+    def _sampled(self, n: int) -> None:
+        if self.spec.max_times_sampled:
+            self._allowance -= n
+        self._limiter.sample(n)
+        self.counters["samples"] += n
 
     def _sample_capped(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Sample with replacement while no item exceeds max_times_sampled, as Reverb's
@@ -306,12 +417,16 @@ class Table:
             # Later entries win for repeated ids.
             slots, last = np.unique(slots[::-1], return_index=True)
             pr = pr[::-1][last]
-            self._index["priority"][slots] = pr
-            self._sampler.update(slots, pr)
-            self._remover.update(slots, pr)
-            self.counters["priority_updates"] += len(slots)
+            self._log("priority", ids=self._index["id"][slots], priorities=pr)
+            self._set_priorities(slots, pr)
             self._changed()
             return len(slots)
+
+    def _set_priorities(self, slots: np.ndarray, pr: np.ndarray) -> None:
+        self._index["priority"][slots] = pr
+        self._sampler.update(slots, pr)
+        self._remover.update(slots, pr)
+        self.counters["priority_updates"] += len(slots)
 
     def set_policy_version(self, version: int) -> int:
         """Set the trainer's current policy version; with max_staleness, remove items that
@@ -322,6 +437,7 @@ class Table:
             if version < self.policy_version:
                 raise FailedPrecondition(f"table {self.name!r}: policy version must not decrease "
                                          f"(current {self.policy_version}, got {version})")
+            self._log("version", version=version)
             self.policy_version = version
             stale = np.zeros(0, dtype=np.int64)
             if self.spec.max_staleness is not None:  # else nothing can be stale: skip the O(n) scan
@@ -349,14 +465,17 @@ class Table:
         with self._cond:
             g = self._consumers.get(group)
             if g is None:
-                g = self._consumers[group] = ConsumerGroup(
-                    group, 1 if start == "earliest" else self._index.next_id)
+                position = 1 if start == "earliest" else self._index.next_id
+                self._log("group", group=group, position=position)
+                g = self._consumers[group] = ConsumerGroup(group, position)
             while True:
                 self._check_open()
                 now = self._clock()
                 again = g.expired(now, n)
                 again_slots = self._index.lookup(again)
-                g.forget(again[again_slots < 0])
+                if (again_slots < 0).any():
+                    self._log("forget", group=group, ids=again[again_slots < 0])
+                    g.forget(again[again_slots < 0])
                 again, again_slots = again[again_slots >= 0], again_slots[again_slots >= 0]
                 fresh_slots = self._index.slots_from(g.position, n - len(again))
                 if len(again) or len(fresh_slots):
@@ -364,25 +483,118 @@ class Table:
                 nd = g.next_deadline()
                 self._wait(deadline, "stream", f"consumer group {group!r} is caught up",
                            retry_after=None if nd is None else max(0.0, nd - now))
-            g.deliver(self._index["id"][fresh_slots], again, now + visibility_timeout)
+            fresh = self._index["id"][fresh_slots]
+            self._log("deliver", group=group, fresh=fresh, again=again,
+                      deadline=time.time() + visibility_timeout)
+            g.deliver(fresh, again, now + visibility_timeout)
             slots = np.concatenate([again_slots, fresh_slots])
             self.counters["stream_deliveries"] += len(slots)
             rows = self._snapshot(slots)
             self._changed()
-        return rows.gather()
+        return self._gather(rows)
 
     def ack(self, group: str, item_ids) -> tuple[int, int]:
         """Ack items delivered to a group; (newly acked, already acked). An id never
         delivered to the group is NOT_FOUND and nothing is acked."""
         ids = self._ids(item_ids)
         with self._cond:
-            g = self._consumers.get(group)
-            if g is None:
-                raise NotFound(f"table {self.name!r}: no consumer group {group!r}")
+            g = self._group(group)
             g.check_ack(ids, self.name)
+            self._log("ack", group=group, ids=ids)
             result = g.ack(ids)
             self._changed()
             return result
+
+    def commit_cut(self, group: str, step: int, item_ids=(), tag: str = "") -> int:
+        """A trainer's training cut, atomically: ack ``item_ids`` (what step ``step``
+        consumed) and remember the group's position under ``step``. Returns the number
+        newly acked. ``resume(group, step)`` later redelivers exactly what came after."""
+        ids = self._ids(item_ids)
+        if step < 0:
+            raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
+        with self._cond:
+            g = self._group(group)
+            g.check_ack(ids, self.name)
+            self._log("cut", self.spec.durability, group=group, step=step, tag=tag, ids=ids)
+            acked, _ = g.ack(ids)
+            g.cut(step, tag)
+            self._changed()
+        if self.spec.durability == "fsync":
+            self.storage.db.sync()
+        return acked
+
+    def resume(self, group: str, step: int) -> dict[str, int]:
+        """Rewind a consumer group to its cut at ``step``: what was in flight then is
+        delivered again first, then everything after the cut's position, acked or not
+        (a trainer restarting from its step-``step`` checkpoint retrains step+1 on)."""
+        with self._cond:
+            g = self._group(group)
+            g.check_cut(step, self.name)
+            self._log("resume", group=group, step=step)
+            g.resume(step)
+            self._changed()
+            return {"position": g.position, "inflight": len(g.inflight_ids)}
+
+    def demote(self) -> int:
+        """Move the oldest SSD chunks to the remote tier while the SSD is over its
+        watermark (one pass, about 64 MiB; the store's mover calls it). The upload runs
+        outside the lock, the chunks pinned. Returns the chunks moved; raises Unavailable
+        when the remote tier is down (the chunks stay on the SSD: nothing is lost)."""
+        placement = self._chunks.placement
+        with self._cond:
+            if self._closed:
+                return 0
+            chosen = placement.demotion_candidates()
+        if not chosen:
+            return 0
+        ok = False
+        try:
+            batches = placement.ssd.get(chosen)
+            with placement.remote_lock:
+                for c in chosen:
+                    placement.remote.put(c, batches[c])
+            ok = True
+        finally:
+            with self._cond:
+                placement.demoted(chosen, ok)
+                if not ok:
+                    placement.counters["demotion_failures"] += 1
+        return len(chosen)
+
+    def purge(self) -> None:
+        """Delete everything the table stored (DropTable of a durable table; after close)."""
+        with self._cond:
+            self._journal.drop()
+            placement = self._chunks.placement
+            placement.delete(list(self._chunks._live))
+            placement.delete(placement.ssd.stored_chunks())
+
+    def _group(self, group: str) -> ConsumerGroup:
+        g = self._consumers.get(group)
+        if g is None:
+            raise NotFound(f"table {self.name!r}: no consumer group {group!r}")
+        return g
+
+    def manifest(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids, policy versions) sampled for training step ``step``, in order."""
+        with self._cond:
+            parts = self._manifests.get(step)
+            if parts is None and self._journal is not None:
+                parts = self._journal.manifest(step)
+            if not parts:
+                raise NotFound(f"table {self.name!r}: no manifest for step {step} "
+                               f"(sample with step={step} to record one)")
+            ids, versions = zip(*parts)
+            return np.concatenate(ids), np.concatenate(versions)
+
+    def _record_manifest(self, step: int, slots: np.ndarray) -> None:
+        entry = (self._index["id"][slots].copy(), self._index["policy_version"][slots].copy())
+        if self._journal is not None:
+            self._journal.add_manifest(step, *entry)
+        else:
+            self._manifests.setdefault(step, []).append(entry)
+            while len(self._manifests) > MANIFESTS_IN_MEMORY:
+                del self._manifests[next(iter(self._manifests))]
 
     # -- reads ------------------------------------------------------------------------
 
@@ -391,7 +603,7 @@ class Table:
         ids = self._ids(item_ids)
         with self._cond:
             rows = self._snapshot(self._lookup(ids))
-        return rows.gather()
+        return self._gather(rows)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -401,8 +613,8 @@ class Table:
         with self._cond:
             s: dict[str, float] = {
                 "items": len(self._index),
-                "memory_bytes": self._chunks.tier.nbytes,
-                "memory_budget_bytes": self._chunks.tier.budget,
+                **self._chunks.placement.stats(),
+                **self._items_per_tier(),
                 "chunks": len(self._chunks),
                 "policy_version": self.policy_version,
                 "sampler_eligible": len(self._sampler),
@@ -412,7 +624,7 @@ class Table:
                       "priority_updates", "compactions", "compacted_rows", "removed_max_size", "removed_max_times_sampled",
                       "removed_stale", "removed_zero_variance", "insert_waits", "sample_waits",
                       "stream_waits", "insert_wait_seconds", "sample_wait_seconds",
-                      "stream_wait_seconds"):
+                      "stream_wait_seconds", "compaction_failures", "removed_lost"):
                 s[k] = self.counters[k]
             for k, v in self._limiter.state().items():
                 if isinstance(v, (int, float)):
@@ -450,14 +662,33 @@ class Table:
     # -- internals --------------------------------------------------------------------
 
     def _snapshot(self, slots: np.ndarray, probabilities=None, weights=None) -> "_Snapshot":
-        """Per-row facts and chunk references, taken under the lock."""
+        """Per-row facts and a read plan (resident batches, other chunks pinned), taken
+        under the lock."""
         ix = self._index
-        chunks = ix["chunk"][slots]
         return _Snapshot(
-            batches=self._chunks.get(np.unique(chunks).tolist()), chunks=chunks, rows=ix["row"][slots],
+            plan=self._chunks.placement.plan(ix["chunk"][slots], ix["row"][slots]),
             schema=self.schema, item_ids=ix["id"][slots], priorities=ix["priority"][slots],
             times_sampled=ix["times_sampled"][slots], policy_versions=ix["policy_version"][slots],
             probabilities=probabilities, weights=weights)
+
+    def _gather(self, snap: "_Snapshot") -> Rows:
+        """Read and copy the rows out of their chunks (no lock held: chunks are immutable
+        and the plan pinned those not in memory), then unpin."""
+        try:
+            batches, keys, rows = self._chunks.placement.fetch(snap.plan)
+            data = take_rows(batches, keys, rows, self.schema)
+        finally:
+            if snap.plan.pinned:
+                with self._cond:
+                    self._chunks.placement.finish(snap.plan)
+        return Rows(data=data, item_ids=snap.item_ids, priorities=snap.priorities,
+                    times_sampled=snap.times_sampled, policy_versions=snap.policy_versions,
+                    probabilities=snap.probabilities, weights=snap.weights)
+
+    def _log(self, kind: str, durability: str = "wal", **fields) -> None:
+        """Append a change to the journal (durable tables; not while replaying it)."""
+        if self._journal is not None and not self._replaying:
+            self._journal.append(kind, durability, **fields)
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
@@ -486,25 +717,29 @@ class Table:
         if len(victims):
             chunks, counts = np.unique(self._index["chunk"][victims], return_counts=True)
             freed = self._chunks.freed_by(chunks.tolist(), counts.tolist())
-        tier = self._chunks.tier
+        tier = self._chunks.placement.memory
         if tier.nbytes - freed + nbytes > tier.budget:
             raise ResourceExhausted(
                 f"table {self.name!r}: the memory tier is full ({tier.nbytes} of "
                 f"{tier.budget} bytes; this insert needs {nbytes}); raise memory_bytes "
-                f"or lower max_size")
+                f"or lower max_size, or use a durable table (tiers = \"ssd\")")
 
-    def _remove(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True) -> None:
+    def _remove(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True, log: bool = True) -> None:
         """Remove live items from selectors, tiers and the index (``in_sampler=False``:
-        the sampler has already let them go)."""
+        the sampler has already let them go; ``log=False``: the journal record that
+        caused it implies the removal)."""
         if len(slots) == 0:
             return
+        if log:
+            self._log("remove", ids=self._index["id"][slots], reason=reason)
         if in_sampler:
             self._sampler.remove(slots)
         self._remover.remove(slots)
         if self.spec.max_times_sampled:
             self._allowance -= int((self.spec.max_times_sampled - self._index["times_sampled"][slots]).sum())
-        chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
-        self._chunks.release(chunks.tolist(), counts.tolist())
+        if not self._replaying:  # a restore adopts the chunks once replay is done
+            chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
+            self._chunks.release(chunks.tolist(), counts.tolist())
         self._forget(slots, reason)
         self._maybe_compact()
 
@@ -517,6 +752,8 @@ class Table:
         copies at most ~32 MiB of live rows under the lock: a bounded pause, repeated by
         later calls if needed.
         """
+        if self._replaying:
+            return
         chosen = self._chunks.compaction_candidates()
         if not chosen:
             return
@@ -525,7 +762,13 @@ class Table:
         slots = slots[np.isin(ix["chunk"][slots], chosen)]
         slots = slots[np.lexsort((ix["row"][slots], ix["chunk"][slots]))]
         rows = take_rows(self._chunks.get(chosen), ix["chunk"][slots], ix["row"][slots], self.schema)
-        ix["chunk"][slots] = self._chunks.replace(chosen, rows)
+        try:
+            staged = self._chunks.stage(rows, "wal")
+            self._log("compact", ids=ix["id"][slots], chunk=staged.chunk_id)
+        except ExpstoreError:  # e.g. a full disk: compaction can wait, the table goes on
+            self.counters["compaction_failures"] += 1
+            return
+        ix["chunk"][slots] = self._chunks.replace(chosen, staged)
         ix["row"][slots] = np.arange(len(slots))
         self.counters["compactions"] += 1
         self.counters["compacted_rows"] += len(slots)
@@ -635,9 +878,173 @@ class Table:
             raise Unavailable(f"table {self.name!r} is closed")
 
     def _changed(self) -> None:
+        if self._journal is not None and self._journal.wants_snapshot():
+            self._write_snapshot()
         self._cond.notify_all()
         for listener in self._listeners:
             listener()
+
+    def _items_per_tier(self) -> dict[str, int]:
+        placement = self._chunks.placement
+        chunks, counts = np.unique(self._index["chunk"][self._index.live_slots()], return_counts=True)
+        out = {"items_memory": 0, "items_ssd": 0, "items_remote": 0}
+        if placement.durable:
+            for c, k in zip(chunks.tolist(), counts.tolist()):
+                out["items_" + placement.where(c)] += k
+        else:
+            out["items_memory"] = len(self._index)
+        return out
+
+    # -- persistence ------------------------------------------------------------------
+
+    def _write_snapshot(self) -> None:
+        """The whole state as one journal snapshot (index columns of live items in id
+        order, keys, codebooks, consumer groups, rate limiter); older records are dropped."""
+        ix = self._index
+        live = ix.live_slots()
+        fields = {f"col_{name}": ix[name][live] for name in COLUMNS}
+        fields.update(
+            keys=self._keys.keys_of(live) if self._keys is not None else None,
+            group_names=list(self._groups._names), task_names=list(self._tasks._names),
+            next_id=ix.next_id, policy_version=self.policy_version,
+            limiter=self._limiter.state(),
+            consumers=[g.to_dict(self._clock()) for g in self._consumers.values()])
+        if self._keys is not None:
+            fields["removed_keys"], fields["removed_ids"] = self._keys.removed()
+        self._journal.write_snapshot(fields)
+
+    def restore(self) -> dict[str, int]:
+        """Rebuild a durable table from its journal after a restart: the latest snapshot,
+        then every record after it, then the chunks the items reference. Items whose
+        chunk is in no tier (acknowledged at durability ``memory`` before a crash) are
+        dropped and counted. Returns what was restored."""
+        with self._cond:
+            snapshot, records = self._journal.load()
+            self._replaying = True
+            try:
+                if snapshot is not None:
+                    self._load_snapshot(snapshot)
+                n = 0
+                for kind, fields in records:
+                    getattr(self, f"_replay_{kind}")(fields)
+                    n += 1
+            finally:
+                self._replaying = False
+            lost = self._adopt_chunks()
+            self.counters.clear()  # stats count what this process did; replay is not that
+            return {"items": len(self._index), "records": n, "lost": lost}
+
+    def _load_snapshot(self, s: dict) -> None:
+        for name in s["group_names"]:
+            self._groups._code(name)
+        for name in s["task_names"]:
+            self._tasks._code(name)
+        ids = s["col_id"]
+        rows = {name: s[f"col_{name}"] for name in COLUMNS if name not in ("id", "group", "task")}
+        slots, _ = self._index.add(len(ids), ids=ids, group=s["col_group"], task=s["col_task"], **rows)
+        if len(ids) == 0:
+            self._index.next_id = max(self._index.next_id, s["next_id"])
+        if self._keys is not None:
+            self._keys.add(slots, s["keys"], ids)
+            self._keys.restore_removed(s["removed_keys"], s["removed_ids"])
+        items = self._items(slots)
+        self._sampler.insert(items)
+        self._remover.insert(items)
+        cap = self.spec.max_times_sampled
+        self._allowance = int((cap - s["col_times_sampled"]).sum()) if cap else 0
+        self._index.next_id = max(self._index.next_id, s["next_id"])
+        self.policy_version = s["policy_version"]
+        self._limiter.restore(s["limiter"])
+        now = self._clock()
+        self._consumers = {d["name"]: ConsumerGroup.from_dict(d, now) for d in s["consumers"]}
+
+    def _live_slots_of(self, ids: np.ndarray) -> np.ndarray:
+        slots = self._index.lookup(ids)
+        return slots[slots >= 0]
+
+    def _replay_insert(self, f: dict) -> None:
+        self._remove(self._live_slots_of(f["victims"]), "max_size")
+        rows = {name: f[name] for name in ("chunk", "row", "priority", "policy_version",
+                                           "inserted_at", "group_size", "reward")}
+        self._add_items(f["ids"], rows, f["groups"], f["tasks"], f["keys"], f["stored"])
+
+    def _replay_remove(self, f: dict) -> None:
+        self._remove(self._live_slots_of(f["ids"]), f["reason"])
+
+    def _replay_sampled(self, f: dict) -> None:
+        slots = self._index.lookup(f["ids"])
+        np.add.at(self._index["times_sampled"], slots[slots >= 0], 1)
+        self._sampled(int(f["n"]))
+
+    def _replay_priority(self, f: dict) -> None:
+        slots = self._index.lookup(f["ids"])
+        self._set_priorities(slots[slots >= 0], f["priorities"][slots >= 0])
+
+    def _replay_version(self, f: dict) -> None:
+        self.policy_version = int(f["version"])
+
+    def _replay_compact(self, f: dict) -> None:
+        slots = self._index.lookup(f["ids"])
+        ok = slots >= 0
+        self._index["chunk"][slots[ok]] = int(f["chunk"])
+        self._index["row"][slots[ok]] = np.flatnonzero(ok)
+
+    def _replay_group(self, f: dict) -> None:
+        self._consumers[f["group"]] = ConsumerGroup(f["group"], int(f["position"]))
+
+    def _replay_forget(self, f: dict) -> None:
+        self._consumers[f["group"]].forget(f["ids"])
+
+    def _replay_deliver(self, f: dict) -> None:
+        deadline = float(f["deadline"]) - time.time() + self._clock()
+        self._consumers[f["group"]].deliver(f["fresh"].copy(), f["again"], deadline)
+
+    def _replay_ack(self, f: dict) -> None:
+        self._consumers[f["group"]].ack(f["ids"])
+
+    def _replay_cut(self, f: dict) -> None:
+        g = self._consumers[f["group"]]
+        g.ack(f["ids"])
+        g.cut(int(f["step"]), f["tag"])
+
+    def _replay_resume(self, f: dict) -> None:
+        self._consumers[f["group"]].resume(int(f["step"]))
+
+    def _adopt_chunks(self) -> int:
+        """Hand the chunks the restored items reference to the chunk store; drop items
+        whose chunk is gone, and chunks no item references (a crash between writing a
+        chunk and logging its insert, or between a removal and the chunk's delete)."""
+        ix, placement = self._index, self._chunks.placement
+        live = ix.live_slots()
+        chunks, counts = np.unique(ix["chunk"][live], return_counts=True)
+        missing = placement.adopt(chunks.tolist())
+        lost = 0
+        if missing:
+            gone = live[np.isin(ix["chunk"][live], missing)]
+            lost = len(gone)
+            self._replaying = True  # no chunk bookkeeping yet; recorded below
+            self._remove(gone, "lost")
+            self._replaying = False
+            keep = ~np.isin(chunks, missing)
+            chunks, counts = chunks[keep], counts[keep]
+        max_row = np.zeros(0, np.int64)
+        if len(chunks):
+            order = np.argsort(ix["chunk"][live], kind="stable")
+            c_sorted = ix["chunk"][live][order]
+            starts = np.searchsorted(c_sorted, chunks)
+            max_row = np.maximum.reduceat(ix["row"][live][order], starts) if len(c_sorted) else max_row
+        ssd = placement.ssd
+        for c, k, r in zip(chunks.tolist(), counts.tolist(), max_row.tolist()):
+            if c in ssd:
+                rows, nbytes = int(ssd._offsets[c][-1]), ssd.arrow_bytes[c]
+            else:
+                rows, nbytes = r + 1, placement.remote.size_of(c)
+            self._chunks.adopt(c, rows, k, nbytes)
+        referenced = set(chunks.tolist())
+        orphans = [c for c in ssd.stored_chunks() if c not in referenced]
+        placement.delete(orphans)
+        placement.reserve_ids(max(orphans + chunks.tolist(), default=-1) + 1)
+        return lost
 
 
 def occurrence_rank(values: np.ndarray) -> np.ndarray:
@@ -654,9 +1061,7 @@ def occurrence_rank(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Snapshot:
-    batches: dict[int, pa.RecordBatch]
-    chunks: np.ndarray
-    rows: np.ndarray
+    plan: ReadPlan
     schema: pa.Schema
     item_ids: np.ndarray
     priorities: np.ndarray
@@ -664,10 +1069,3 @@ class _Snapshot:
     policy_versions: np.ndarray
     probabilities: np.ndarray | None
     weights: np.ndarray | None
-
-    def gather(self) -> Rows:
-        """Copy the rows out of their chunks (no lock needed: chunks are immutable)."""
-        return Rows(data=take_rows(self.batches, self.chunks, self.rows, self.schema),
-                    item_ids=self.item_ids, priorities=self.priorities,
-                    times_sampled=self.times_sampled, policy_versions=self.policy_versions,
-                    probabilities=self.probabilities, weights=self.weights)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import grpc
+import numpy as np
 import pyarrow as pa
 
 from expstore.proto.v1 import expstore_pb2 as pb
@@ -75,9 +76,9 @@ class AsyncClient:
         return _codec.insert_result(await self._call(self._stub.Insert, requests, timeout))
 
     async def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
-                     compress: bool = False) -> SampleBatch:
+                     compress: bool = False, step: int | None = None) -> SampleBatch:
         timeout = self.timeout if timeout is None else timeout
-        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress)
+        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step)
         return _codec.rows([m async for m in self._stream(self._stub.Sample, req, timeout)], with_weights=True)
 
     async def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
@@ -119,6 +120,18 @@ class AsyncClient:
 
     async def stats(self, table: str | None = None) -> dict[str, dict[str, float]]:
         return _codec.stats(await self._call(self._stub.Stats, pb.StatsRequest(table=table or "")))
+
+    async def commit_cut(self, table: str, group: str, step: int, item_ids=(), *, tag: str = "") -> int:
+        req = pb.CommitCutRequest(table=table, group=group, step=step, item_ids=list(map(int, item_ids)), tag=tag)
+        return (await self._call(self._stub.CommitCut, req)).num_acked
+
+    async def resume(self, table: str, group: str, step: int) -> dict[str, int]:
+        resp = await self._call(self._stub.Resume, pb.ResumeRequest(table=table, group=group, step=step))
+        return {"position": resp.position, "inflight": resp.inflight}
+
+    async def manifest(self, table: str, step: int) -> tuple[np.ndarray, np.ndarray]:
+        resp = await self._call(self._stub.GetManifest, pb.GetManifestRequest(table=table, step=step))
+        return np.array(resp.item_ids, dtype=np.uint64), np.array(resp.policy_versions, dtype=np.int64)
 
     async def close(self) -> None:
         await self._channel.close()

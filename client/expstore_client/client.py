@@ -110,9 +110,11 @@ class Client:
     # -- rows out ---------------------------------------------------------------------
 
     def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
-               compress: bool = False) -> SampleBatch:
+               compress: bool = False, step: int | None = None) -> SampleBatch:
+        """Sample a batch. With ``step``, the server records the batch's manifest (item
+        ids, policy versions) under that training step (``manifest(table, step)``)."""
         timeout = self.timeout if timeout is None else timeout
-        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress)
+        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step)
         return _codec.rows(list(self._call(self._stub.Sample, req, timeout)), with_weights=True)
 
     def sampler(self, table: str, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,
@@ -179,6 +181,29 @@ class Client:
 
     def stats(self, table: str | None = None) -> dict[str, dict[str, float]]:
         return _codec.stats(self._call(self._stub.Stats, pb.StatsRequest(table=table or "")))
+
+    # -- training cuts and checkpoints ------------------------------------------------
+
+    def commit_cut(self, table: str, group: str, step: int, item_ids=(), *, tag: str = "") -> int:
+        """Atomically ack what training step ``step`` consumed and remember the stream
+        position under ``step``; returns the number acked."""
+        req = pb.CommitCutRequest(table=table, group=group, step=step, item_ids=list(map(int, item_ids)), tag=tag)
+        return self._call(self._stub.CommitCut, req).num_acked
+
+    def resume(self, table: str, group: str, step: int) -> dict[str, int]:
+        """Rewind ``group`` to its cut at ``step``: everything after it is delivered again."""
+        resp = self._call(self._stub.Resume, pb.ResumeRequest(table=table, group=group, step=step))
+        return {"position": resp.position, "inflight": resp.inflight}
+
+    def manifest(self, table: str, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids, policy versions) that training step ``step`` sampled."""
+        resp = self._call(self._stub.GetManifest, pb.GetManifestRequest(table=table, step=step))
+        return np.array(resp.item_ids, dtype=np.uint64), np.array(resp.policy_versions, dtype=np.int64)
+
+    def checkpoint(self, name: str = "", *, timeout: float | None = None) -> dict[str, Any]:
+        """Snapshot the whole server to its remote tier (inserts and samples go on)."""
+        resp = self._call(self._stub.Checkpoint, pb.CheckpointRequest(name=name), timeout or 3600.0)
+        return {"name": resp.name, "uri": resp.uri, "num_bytes": resp.num_bytes, "seconds": resp.seconds}
 
     # -- lifecycle --------------------------------------------------------------------
 

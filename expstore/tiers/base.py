@@ -26,8 +26,12 @@ class Tier(Protocol):
     def __len__(self) -> int:
         """Chunks held."""
 
-    def put(self, chunk_id: int, batch: pa.RecordBatch) -> None:
-        """Store a chunk. The caller has checked the budget."""
+    def size_of(self, chunk_id: int) -> int:
+        """Bytes one chunk holds (the measure of ``nbytes``)."""
+
+    def put(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "wal") -> None:
+        """Store a chunk. The caller has checked the budget. ``durability`` (memory, wal,
+        fsync) is what a durable tier guarantees when put returns; others ignore it."""
 
     def get(self, chunk_ids: Iterable[int]) -> dict[int, pa.RecordBatch]:
         """Read chunks in one batch call. Raises NotFound for an unknown id."""

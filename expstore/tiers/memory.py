@@ -34,10 +34,20 @@ class MemoryTier:
     def __len__(self) -> int:
         return len(self._chunks)
 
+    def __contains__(self, chunk_id: int) -> bool:
+        return chunk_id in self._chunks
+
     def size_of(self, chunk_id: int) -> int:
         return self._sizes[chunk_id]
 
-    def put(self, chunk_id: int, batch: pa.RecordBatch) -> None:
+    def oldest(self) -> int:
+        """The chunk held longest (dicts keep insertion order): what a cache drops first."""
+        return next(iter(self._chunks))
+
+    def get_one(self, chunk_id: int) -> pa.RecordBatch:
+        return self._chunks[chunk_id]
+
+    def put(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "memory") -> None:
         size = batch.get_total_buffer_size()
         self._chunks[chunk_id] = batch
         self._sizes[chunk_id] = size

@@ -40,6 +40,24 @@ class TokenConfig:
 
 
 @dataclass(frozen=True)
+class RemoteConfig:
+    """The remote tier: an fsspec URI (``file://...`` or ``s3://bucket/prefix``) and, for
+    S3, an endpoint, region and credentials (unset: the usual AWS_* environment)."""
+
+    uri: str | None = None  # default: file://<data_dir>/remote
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key_env: str | None = None  # the secret comes from the environment only
+
+    def resolved_uri(self, data_dir: str) -> str:
+        return self.uri or "file://" + str(Path(data_dir).resolve() / "remote")
+
+    def secret(self) -> str | None:
+        return os.environ.get(self.secret_access_key_env) if self.secret_access_key_env else None
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
@@ -54,8 +72,11 @@ class ServerConfig:
     audit_log: str | None = None  # default: <data_dir>/audit.jsonl
     tls_cert: str | None = None
     tls_key: str | None = None
+    min_free_disk_bytes: int = 256 << 20  # inserts are refused below this much free disk
+    demote_interval_s: float = 1.0  # how often the mover checks SSD watermarks
     tokens: tuple[TokenConfig, ...] = ()
     tables: tuple[TableSpec, ...] = field(default_factory=tuple)
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
 
     @property
     def audit_path(self) -> Path:
@@ -94,9 +115,14 @@ def from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> S
     auth = dict(raw.pop("auth", {}))
     tls = dict(raw.pop("tls", {}))
     tables = raw.pop("tables", [])
+    remote = dict(raw.pop("remote", {}))
     if raw:
-        raise InvalidArgument(f"config: unknown section(s) {sorted(raw)}; known: server, auth, tls, tables")
-    known = {f.name for f in fields(ServerConfig)} - {"tokens", "tables", "tls_cert", "tls_key"}
+        raise InvalidArgument(f"config: unknown section(s) {sorted(raw)}; known: server, auth, tls, remote, tables")
+    remote_keys = {f.name for f in fields(RemoteConfig)}
+    if set(remote) - remote_keys:
+        raise InvalidArgument(f"config [remote]: unknown key(s) {sorted(set(remote) - remote_keys)}; "
+                              f"known: {sorted(remote_keys)}")
+    known = {f.name for f in fields(ServerConfig)} - {"tokens", "tables", "tls_cert", "tls_key", "remote"}
     unknown = set(server) - known
     if unknown:
         raise InvalidArgument(f"config [server]: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -114,7 +140,8 @@ def from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> S
         raise InvalidArgument(f"config [auth]: unknown key(s) {sorted(auth)}; known: tokens")
     if set(tls) - {"cert", "key"}:
         raise InvalidArgument(f"config [tls]: unknown key(s) {sorted(set(tls) - {'cert', 'key'})}")
-    values: dict[str, Any] = dict(server, tls_cert=tls.get("cert"), tls_key=tls.get("key"))
+    values: dict[str, Any] = dict(server, tls_cert=tls.get("cert"), tls_key=tls.get("key"),
+                                  remote=RemoteConfig(**remote))
     for k, v in (overrides or {}).items():
         if v is not None:
             values[k] = v

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -25,9 +26,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from expstore import checkpoint
 from expstore.errors import ExpstoreError
 from expstore.proto.service import SERVICE, server_handler
 from expstore.store import Store
+from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, lance_storage_options
 
 from . import config as config_mod
 from .audit import AuditLog
@@ -35,6 +38,7 @@ from .auth import Authenticator
 from .servicer import Servicer
 
 log = logging.getLogger("expstore.server")
+REMOTE_HEALTH = "expstore.remote"  # health service name: NOT_SERVING while the remote tier fails
 
 
 class JsonFormatter(logging.Formatter):
@@ -76,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tls-cert", help="PEM certificate chain; enables TLS with --tls-key")
     p.add_argument("--tls-key", help="PEM private key")
+    p.add_argument("--remote-uri", help="remote tier: file://DIR or s3://bucket/prefix "
+                                        "(default file://<data-dir>/remote)")
+    p.add_argument("--restore-checkpoint", metavar="NAME",
+                   help="first download checkpoint NAME from the remote tier into the (empty) data dir")
     return p
 
 
@@ -83,16 +91,35 @@ def build_config(args: argparse.Namespace) -> config_mod.ServerConfig:
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir,
                  "workers": args.workers, "log_level": args.log_level,
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key}
-    return config_mod.load(args.config, overrides)
+    cfg = config_mod.load(args.config, overrides)
+    if args.remote_uri:
+        cfg = dataclasses.replace(cfg, remote=dataclasses.replace(cfg.remote, uri=args.remote_uri))
+    return cfg
 
 
-async def serve(cfg: config_mod.ServerConfig) -> None:
+def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = None):
+    """The store on the data dir, with its remote tier; restores a checkpoint first if
+    asked. Returns (store, checkpointer)."""
+    r = cfg.remote
+    uri = r.resolved_uri(cfg.data_dir)
+    fs_args = dict(endpoint=r.endpoint, region=r.region, key=r.access_key_id, secret=r.secret())
+    remote_store = RemoteStore(uri, fs=fsspec_filesystem(uri, **fs_args))
+    if restore_checkpoint:
+        checkpoint.restore(remote_store, restore_checkpoint, cfg.data_dir)
+    options = lance_storage_options(**fs_args) if uri.startswith(("s3://", "s3a://")) else None
+    store = Store(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
+                  min_free_bytes=cfg.min_free_disk_bytes)
+    for spec in cfg.tables:  # restored on a restart: the same config is no error
+        store.create_table(spec, if_not_exists=True)
+    return store, checkpoint.Checkpointer(store.db, remote_store)
+
+
+async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = None) -> None:
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
-    store = Store()
-    for spec in cfg.tables:
-        store.create_table(spec)
+    store, checkpointer = open_store(cfg, restore_checkpoint)
+    store.start_mover(cfg.demote_interval_s)
     audit = AuditLog(cfg.audit_path)
-    servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit)
+    servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit, checkpointer)
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                ("grpc.max_send_message_length", cfg.max_message_bytes),
                ("grpc.so_reuseport", 0)]
@@ -116,6 +143,7 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
     await server.start()
     for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    remote_health = asyncio.create_task(_report_remote_health(store, health_servicer))
     print(f"expstore-server listening on {cfg.host}:{port}", flush=True)
     log.info("listening", extra={"host": cfg.host, "port": port, "tls": bool(cfg.tls_cert),
                                  "auth": bool(cfg.tokens), "tables": [t.name for t in cfg.tables],
@@ -131,6 +159,7 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
     log.info("draining", extra={"grace_s": cfg.grace_s})
     for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    remote_health.cancel()
     stopping = asyncio.create_task(server.stop(cfg.grace_s))
     await servicer.drain()
     await stopping
@@ -138,6 +167,19 @@ async def serve(cfg: config_mod.ServerConfig) -> None:
     servicer.close()
     audit.close()
     log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
+
+
+async def _report_remote_health(store: Store, health_servicer) -> None:
+    """The health service ``REMOTE_HEALTH`` is NOT_SERVING while the remote tier fails
+    (degraded: inserts and samples go on from memory and SSD)."""
+    last = None
+    while True:
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if store.remote_error else \
+            health_pb2.HealthCheckResponse.SERVING
+        if status != last:
+            await health_servicer.set(REMOTE_HEALTH, status)
+            last = status
+        await asyncio.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler], force=True)
     try:
-        asyncio.run(serve(cfg))
+        asyncio.run(serve(cfg, args.restore_checkpoint))
     except (ExpstoreError, OSError, RuntimeError) as e:  # bind, TLS files, data dir
         print(f"expstore-server: {e}", file=sys.stderr)
         return 1

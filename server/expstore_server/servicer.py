@@ -36,6 +36,8 @@ from .config import ServerConfig
 from .errors import status_of
 
 log = logging.getLogger("expstore.server")
+_DURABILITY = {pb.DURABILITY_UNSPECIFIED: None, pb.DURABILITY_MEMORY: "memory",
+               pb.DURABILITY_WAL: "wal", pb.DURABILITY_FSYNC: "fsync"}
 
 
 @dataclass
@@ -139,8 +141,9 @@ class _ChangeSignal:
 
 class Servicer:
     def __init__(self, store: Store, config: ServerConfig, auth: Authenticator,
-                 audit: AuditLog | None) -> None:
+                 audit: AuditLog | None, checkpoints=None) -> None:
         self.store = store
+        self.checkpoints = checkpoints
         self.config = config
         self.auth = auth
         self.audit = audit
@@ -181,10 +184,9 @@ class Servicer:
                 first = req
                 call.table = req.table
                 table = self.store.table(req.table)
-                if req.durability in (pb.DURABILITY_WAL, pb.DURABILITY_FSYNC):
-                    raise FailedPrecondition(
-                        f"table {req.table!r}: durability {pb.Durability.Name(req.durability)} needs the "
-                        f"SSD tier, which this server does not have; use DURABILITY_MEMORY")
+                durability = _DURABILITY.get(req.durability)
+                if req.durability not in _DURABILITY:
+                    raise InvalidArgument(f"table {req.table!r}: unknown durability {req.durability}")
             elif req.table and req.table != first.table:
                 raise InvalidArgument(f"insert message {len(parts)} names table {req.table!r}, "
                                       f"the first named {first.table!r}; one call inserts into one table")
@@ -200,12 +202,17 @@ class Servicer:
             raise InvalidArgument("an insert call must send at least one message")
         prepared: list = []
 
-        def attempt():  # validation runs once, in the same engine-thread hop as the first commit
+        def attempt():  # validation and SSD writes run once, in the first commit's thread hop
             if not prepared:
-                prepared.append(table.prepare_insert(parts, np.concatenate(priorities)))
+                prepared.append(table.prepare_insert(parts, np.concatenate(priorities), durability))
             return table.commit_insert(prepared[0], timeout=0)
 
-        result = await self._blocking(table, "insert", attempt, first.timeout_s, context)
+        try:
+            result = await self._blocking(table, "insert", attempt, first.timeout_s, context)
+        except BaseException:
+            if prepared:
+                await self._run(table.abandon_insert, prepared[0])
+            raise
         call.detail = f"rows={prepared[0].num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
                                  num_duplicates=result.num_duplicates, num_stale=result.num_stale)
@@ -216,7 +223,9 @@ class Servicer:
     async def Sample(self, request, context, call):
         table = self.store.table(request.table)
         for msg in await self._blocking(
-                table, "sample", lambda: self._messages(table.sample(request.batch_size, timeout=0), request.compress),
+                table, "sample", lambda: self._messages(table.sample(
+                    request.batch_size, timeout=0, step=request.step if request.HasField("step") else None),
+                    request.compress),
                 request.timeout_s, context):
             yield msg
 
@@ -269,6 +278,39 @@ class Servicer:
         tables = [self.store.table(request.table)] if request.table else self.store.tables()
         stats = await self._run(lambda: [(t.name, t.stats()) for t in tables])
         return pb.StatsResponse(tables=[pb.TableStats(table=name, values=values) for name, values in stats])
+
+    # -- training cuts and checkpoints ------------------------------------------------
+
+    @rpc("trainer", audit=True)
+    async def CommitCut(self, request, context, call):
+        table = self.store.table(request.table)
+        acked = await self._run(table.commit_cut, request.group, request.step,
+                                convert.ids_of(request.item_ids), request.tag)
+        call.detail = f"group={request.group} step={request.step} acked={acked}"
+        return pb.CommitCutResponse(num_acked=acked)
+
+    @rpc("trainer", audit=True)
+    async def Resume(self, request, context, call):
+        table = self.store.table(request.table)
+        where = await self._run(table.resume, request.group, request.step)
+        call.detail = f"group={request.group} step={request.step}"
+        return pb.ResumeResponse(**where)
+
+    @rpc("reader")
+    async def GetManifest(self, request, context, call):
+        table = self.store.table(request.table)
+        ids, versions = await self._run(table.manifest, request.step)
+        return pb.GetManifestResponse(item_ids=ids.tolist(), policy_versions=versions.tolist())
+
+    @rpc("admin", audit=True)
+    async def Checkpoint(self, request, context, call):
+        if self.checkpoints is None:
+            raise FailedPrecondition("this server has no remote tier to checkpoint to")
+        # Its own thread: an upload of many GB must not hold an engine worker.
+        info = await asyncio.to_thread(self.checkpoints.create, request.name or None)
+        call.detail = f"name={info.name} bytes={info.num_bytes}"
+        return pb.CheckpointResponse(name=info.name, uri=info.uri, num_bytes=info.num_bytes,
+                                     seconds=info.seconds)
 
     # -- plumbing ---------------------------------------------------------------------
 

@@ -297,7 +297,7 @@ def test_policy_version_must_not_decrease(client, table):
 
 
 def test_memory_budget_exhausted(client, table_name):
-    client.create_table(table_name, memory_bytes=20_000)
+    client.create_table(table_name, memory_bytes=20_000, tiers="memory")
     try:
         client.insert(table_name, trajectories(2, tokens=32, id_prefix="small"))
         err = rpc_error(lambda: client.insert(table_name, trajectories(20, tokens=256, id_prefix="big")),
@@ -425,8 +425,12 @@ def test_huge_group_size_is_invalid_argument(client, table_name):
     assert err.code() == IA, err.details()
 
 
-def test_durability_beyond_memory_is_refused_without_an_ssd_tier(client, table):
-    for level in ("wal", "fsync"):
-        err = rpc_error(lambda: client.insert(table, trajectories(2, id_prefix=level), durability=level))
-        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "SSD tier" in err.details()
-    assert client.insert(table, trajectories(2), durability="memory").num_inserted == 2
+def test_durability_beyond_memory_is_refused_for_a_memory_only_table(client, table_name):
+    client.create_table(table_name, tiers="memory")
+    try:
+        for level in ("wal", "fsync"):
+            err = rpc_error(lambda: client.insert(table_name, trajectories(2, id_prefix=level), durability=level))
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "SSD tier" in err.details()
+        assert client.insert(table_name, trajectories(2), durability="memory").num_inserted == 2
+    finally:
+        client.drop_table(table_name)

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from expstore.chunks import ChunkStore
+from expstore.placement import Placement
 from expstore.keys import KeyRegistry
 from expstore.tiers.memory import MemoryTier
 
@@ -16,20 +17,20 @@ def batch(n: int) -> pa.RecordBatch:
 
 
 def test_chunks_are_freed_with_their_last_item_and_dead_bytes_return_to_zero():
-    store = ChunkStore(MemoryTier(1 << 30))
+    store = ChunkStore(Placement(MemoryTier(1 << 30)))
     a, b = store.add(batch(100)), store.add(batch(100))
-    size = store.tier.size_of(a)
+    size = store.size_of(a)
     store.release([a, b], [30, 100])  # b is freed, a keeps 70 live rows
-    assert len(store) == 1 and store.tier.nbytes == size
+    assert len(store) == 1 and store.placement.memory.nbytes == size
     assert store.dead_bytes == pytest.approx(0.3 * size)
     assert store.freed_by([a], [70]) == size and store.freed_by([a], [69]) == 0
     store.release([a], [70])
-    assert len(store) == 0 and store.tier.nbytes == 0 and store.dead_bytes == pytest.approx(0)
+    assert len(store) == 0 and store.placement.memory.nbytes == 0 and store.dead_bytes == pytest.approx(0)
 
 
 def test_compaction_picks_the_deadest_chunks_once_a_quarter_is_dead(monkeypatch):
     monkeypatch.setattr(ChunkStore, "COMPACT_MIN_BYTES", 0)
-    store = ChunkStore(MemoryTier(1 << 30))
+    store = ChunkStore(Placement(MemoryTier(1 << 30)))
     chunks = [store.add(batch(100)) for _ in range(4)]
     store.release([chunks[0]], [20])  # 20% of one chunk dead: 5% of the tier
     assert store.compaction_candidates() == []
@@ -38,8 +39,8 @@ def test_compaction_picks_the_deadest_chunks_once_a_quarter_is_dead(monkeypatch)
     monkeypatch.setattr(ChunkStore, "COMPACT_MIN_BYTES", 1 << 40)
     assert store.compaction_candidates() == []  # below COMPACT_MIN_BYTES
     new = store.replace([chunks[3], chunks[1]], batch(15))
-    assert len(store) == 3 and store.tier.get([new])[new].num_rows == 15
-    size = store.tier.size_of(chunks[0])
+    assert len(store) == 3 and store.get([new])[new].num_rows == 15
+    size = store.size_of(chunks[0])
     assert store.dead_bytes == pytest.approx(0.2 * size + 0.6 * size)
 
 
@@ -47,14 +48,14 @@ def test_small_chunks_are_merged_oldest_first_once_enough_accumulate(monkeypatch
     size = batch(100).get_total_buffer_size()
     monkeypatch.setattr(ChunkStore, "SMALL_CHUNK_BYTES", 2 * size)
     monkeypatch.setattr(ChunkStore, "MERGE_BYTES", 3 * size)
-    store = ChunkStore(MemoryTier(1 << 30))
+    store = ChunkStore(Placement(MemoryTier(1 << 30)))
     store.add(batch(100))
     assert store.compaction_candidates() == []  # one small chunk: nothing to merge
     more = [store.add(batch(100)) for _ in range(3)]
     assert store.compaction_candidates() == [0, more[0], more[1]]
     merged = store.replace([0, more[0], more[1]], batch(300))  # not small itself
     assert store.compaction_candidates() == [] and len(store) == 2
-    assert store.tier.get([merged])[merged].num_rows == 300
+    assert store.get([merged])[merged].num_rows == 300
 
 
 def test_keys_are_remembered_for_a_window_of_removals():

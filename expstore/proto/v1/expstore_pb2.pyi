@@ -62,7 +62,7 @@ class RateLimiterConfig(_message.Message):
     def __init__(self, type: _Optional[str] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., size: _Optional[int] = ...) -> None: ...
 
 class TableConfig(_message.Message):
-    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window")
+    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window", "tiers", "ssd_bytes", "durability", "archive")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,10 @@ class TableConfig(_message.Message):
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEDUP_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    SSD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURABILITY_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     schema: bytes
@@ -87,7 +91,11 @@ class TableConfig(_message.Message):
     max_staleness: int
     memory_bytes: int
     dedup_window: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ...) -> None: ...
+    tiers: str
+    ssd_bytes: int
+    durability: str
+    archive: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ..., tiers: _Optional[str] = ..., ssd_bytes: _Optional[int] = ..., durability: _Optional[str] = ..., archive: _Optional[bool] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("config", "if_not_exists")
@@ -162,16 +170,18 @@ class InsertResponse(_message.Message):
     def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ..., num_stale: _Optional[int] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("table", "batch_size", "timeout_s", "compress")
+    __slots__ = ("table", "batch_size", "timeout_s", "compress", "step")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     COMPRESS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     table: str
     batch_size: int
     timeout_s: float
     compress: bool
-    def __init__(self, table: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ...) -> None: ...
+    step: int
+    def __init__(self, table: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ..., step: _Optional[int] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
     __slots__ = ("table", "group", "batch_size", "timeout_s", "visibility_timeout_s", "compress", "start")
@@ -295,3 +305,75 @@ class StatsResponse(_message.Message):
     TABLES_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
     def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
+
+class CommitCutRequest(_message.Message):
+    __slots__ = ("table", "group", "step", "item_ids", "tag")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    group: str
+    step: int
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    tag: str
+    def __init__(self, table: _Optional[str] = ..., group: _Optional[str] = ..., step: _Optional[int] = ..., item_ids: _Optional[_Iterable[int]] = ..., tag: _Optional[str] = ...) -> None: ...
+
+class CommitCutResponse(_message.Message):
+    __slots__ = ("num_acked",)
+    NUM_ACKED_FIELD_NUMBER: _ClassVar[int]
+    num_acked: int
+    def __init__(self, num_acked: _Optional[int] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("table", "group", "step")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    group: str
+    step: int
+    def __init__(self, table: _Optional[str] = ..., group: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class ResumeResponse(_message.Message):
+    __slots__ = ("position", "inflight")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    inflight: int
+    def __init__(self, position: _Optional[int] = ..., inflight: _Optional[int] = ...) -> None: ...
+
+class GetManifestRequest(_message.Message):
+    __slots__ = ("table", "step")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    step: int
+    def __init__(self, table: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class GetManifestResponse(_message.Message):
+    __slots__ = ("item_ids", "policy_versions")
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., policy_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class CheckpointResponse(_message.Message):
+    __slots__ = ("name", "uri", "num_bytes", "seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    uri: str
+    num_bytes: int
+    seconds: float
+    def __init__(self, name: _Optional[str] = ..., uri: _Optional[str] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...

@@ -94,6 +94,26 @@ class ExperienceStoreStub:
                 request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
                 response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.CommitCut = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/CommitCut',
+                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutRequest.SerializeToString,
+                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutResponse.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/Resume',
+                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeResponse.FromString,
+                _registered_method=True)
+        self.GetManifest = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/GetManifest',
+                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestRequest.SerializeToString,
+                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestResponse.FromString,
+                _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/Checkpoint',
+                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class ExperienceStoreServicer:
@@ -177,6 +197,33 @@ class ExperienceStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitCut(self, request, context):
+        """Training cuts (role trainer): ack what step N consumed and remember the stream
+        position, atomically; rewind a consumer group to a cut; what did step N train on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetManifest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Checkpoint(self, request, context):
+        """A consistent snapshot of the whole server to the remote tier (role admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExperienceStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -239,6 +286,26 @@ def add_ExperienceStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.FromString,
                     response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.SerializeToString,
+            ),
+            'CommitCut': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitCut,
+                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutRequest.FromString,
+                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeRequest.FromString,
+                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeResponse.SerializeToString,
+            ),
+            'GetManifest': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetManifest,
+                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestRequest.FromString,
+                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointRequest.FromString,
+                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -565,6 +632,114 @@ class ExperienceStore:
             '/expstore.v1.ExperienceStore/Stats',
             expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
             expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitCut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/CommitCut',
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutRequest.SerializeToString,
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/Resume',
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeRequest.SerializeToString,
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetManifest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/GetManifest',
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestRequest.SerializeToString,
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/Checkpoint',
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,128 @@
+"""A durable table's log of state changes, and its snapshots.
+
+Every change to a table's index (inserts, removals, samples, priority and version
+updates, compactions, stream deliveries and acks, cuts) is appended as one record under
+the table lock, so the log order is the order the changes were applied. A restart loads
+the latest snapshot and replays the records after it (``Table.restore``). Records hold
+effects, not requests: "these ids were sampled", never "sample 256", so replay needs no
+randomness. Once the records since the last snapshot outweigh it, the table writes a new
+snapshot and the older records are deleted in the same write: replay stays bounded.
+
+A record is ``u32 header length | JSON header | raw numpy buffers``: the header names
+the kind, the scalars, the string lists and each array's dtype and length, so encoding
+and decoding are a few ``tobytes`` / ``frombuffer`` calls whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import numpy as np
+from rocksdict import WriteBatch
+
+from .tiers.rocks import Database, table_prefix
+
+
+def pack(kind: str, fields: dict[str, Any]) -> bytes:
+    scalars, strings, arrays, buffers = {}, {}, [], []
+    for name, value in fields.items():
+        if isinstance(value, np.ndarray):
+            arrays.append([name, value.dtype.str, len(value)])
+            buffers.append(np.ascontiguousarray(value).tobytes())
+        elif isinstance(value, list):
+            strings[name] = value
+        else:
+            scalars[name] = value
+    header = json.dumps({"k": kind, "s": scalars, "t": strings, "a": arrays},
+                        separators=(",", ":")).encode()
+    return len(header).to_bytes(4, "little") + header + b"".join(buffers)
+
+
+def unpack(data: bytes) -> tuple[str, dict[str, Any]]:
+    n = int.from_bytes(data[:4], "little")
+    header = json.loads(data[4:4 + n])
+    fields: dict[str, Any] = {**header["s"], **header["t"]}
+    offset = 4 + n
+    for name, dtype, length in header["a"]:
+        dt = np.dtype(dtype)
+        fields[name] = np.frombuffer(data, dtype=dt, count=length, offset=offset)
+        offset += dt.itemsize * length
+    return header["k"], fields
+
+
+class Journal:
+    def __init__(self, db: Database, table_id: int) -> None:
+        self.db = db
+        self._prefix = table_prefix(table_id)
+        self._snapshot_key = b"snapshot/" + self._prefix
+        self._next = 0
+        self.bytes_since_snapshot = 0
+        self.snapshot_bytes = 0
+
+    def append(self, kind: str, durability: str = "wal", **fields: Any) -> None:
+        value = pack(kind, fields)
+        wb = WriteBatch(raw_mode=True)
+        wb.put(self._key(self._next), value, self.db.handle["journal"])
+        self.db.write(wb, durability)
+        self._next += 1
+        self.bytes_since_snapshot += len(value)
+
+    def wants_snapshot(self) -> bool:
+        return self.bytes_since_snapshot > max(1 << 20, self.snapshot_bytes)
+
+    def write_snapshot(self, fields: dict[str, Any]) -> None:
+        """Store a snapshot of the whole table state and drop the records it covers, in
+        one atomic write."""
+        value = pack("snapshot", {**fields, "journal_next": self._next})
+        wb = WriteBatch(raw_mode=True)
+        wb.put(self._snapshot_key, value, self.db.handle["meta"])
+        wb.delete_range(self._key(0), self._key(self._next), self.db.handle["journal"])
+        self.db.write(wb, "wal")
+        self.snapshot_bytes, self.bytes_since_snapshot = len(value), 0
+
+    def load(self) -> tuple[dict[str, Any] | None, Iterator[tuple[str, dict[str, Any]]]]:
+        """(the latest snapshot or None, the records after it in order). Exhausting the
+        records sets the next sequence number past the last one."""
+        raw = self.db.get("meta", [self._snapshot_key])[0]
+        snapshot = None
+        if raw is not None:
+            snapshot = unpack(raw)[1]
+            self.snapshot_bytes = len(raw)
+            self._next = int(snapshot["journal_next"])
+        start = self._next
+
+        def records():
+            for key, value in self.db.items("journal", self._prefix):
+                seq = int.from_bytes(key[4:], "big")
+                if seq >= start:
+                    self.bytes_since_snapshot += len(value)
+                    self._next = seq + 1
+                    yield unpack(value)
+        return snapshot, records()
+
+    def add_manifest(self, step: int, ids: np.ndarray, versions: np.ndarray) -> None:
+        """Record what one sample for training step ``step`` returned (several samples
+        of a step add up)."""
+        key = b"manifest/" + self._prefix + step.to_bytes(8, "big") + self._next.to_bytes(8, "big")
+        wb = WriteBatch(raw_mode=True)
+        wb.put(key, pack("manifest", {"ids": ids, "versions": versions}), self.db.handle["meta"])
+        self.db.write(wb, "wal")
+        self._next += 1
+
+    def manifest(self, step: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        prefix = b"manifest/" + self._prefix + step.to_bytes(8, "big")
+        return [(f["ids"], f["versions"]) for f in (unpack(v)[1] for _, v in self.db.items("meta", prefix))]
+
+    def drop(self) -> None:
+        """Delete the table's records and snapshot (DropTable)."""
+        wb = WriteBatch(raw_mode=True)
+        wb.delete_range(self._prefix, table_prefix(int.from_bytes(self._prefix, "big") + 1),
+                        self.db.handle["journal"])
+        wb.delete(self._snapshot_key, self.db.handle["meta"])
+        manifests = b"manifest/" + self._prefix
+        wb.delete_range(manifests, manifests + b"\xff" * 17, self.db.handle["meta"])
+        self.db.write(wb, "wal")
+
+    def _key(self, seq: int) -> bytes:
+        return self._prefix + seq.to_bytes(8, "big")

@@ -1,0 +1,309 @@
+"""SSD tier: RocksDB (rocksdict) in the server's data dir.
+
+One database per server, shared by its tables, in three column families::
+
+    chunks   table id (4) | chunk id (8) | block (4)  -> rows [lo, hi) of the chunk (codec)
+             table id (4) | chunk id (8) | 0xFFFFFFFF -> the chunk's block row offsets
+    journal  table id (4) | sequence (8)              -> the table's state changes (journal.py)
+    meta     b"table/" name, b"snapshot/" table id, ... -> table records and snapshots
+
+A chunk is stored as blocks of about BLOCK_BYTES: sampling one cold row reads its block
+(a RocksDB multi-get for a whole batch of rows), not the whole 8 MiB chunk. Writes take a
+durability level: ``memory`` skips the write-ahead log (lost on a crash until RocksDB
+flushes), ``wal`` appends to the log (survives a killed process), ``fsync`` also syncs the
+log; ``Database.sync`` is one fsync for every write before it, so concurrent fsync inserts
+share it (group commit).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import gc
+import os
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+from rocksdict import Checkpoint, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+
+from .. import codec
+from ..errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+
+COLUMN_FAMILIES = ("chunks", "journal", "meta")
+DURABILITIES = ("memory", "wal", "fsync")
+BLOCK_BYTES = 256 << 10
+_META_BLOCK = 0xFFFFFFFF
+
+
+def _options() -> Options:
+    o = Options(raw_mode=True)
+    o.create_if_missing(True)
+    o.create_missing_column_families(True)
+    o.set_compression_type(DBCompressionType.none())  # values are zstd already
+    return o
+
+
+class Database:
+    """The data dir's RocksDB, opened once per process under an exclusive lock."""
+
+    def __init__(self, path: str | Path, min_free_bytes: int = 0) -> None:
+        self.path = Path(path)
+        self.min_free_bytes = min_free_bytes
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock(self.path)
+        try:
+            self._db = Rdict(str(self.path / "rocksdb"), _options(),
+                             column_families={cf: _options() for cf in COLUMN_FAMILIES})
+        except Exception as e:
+            self._lock_file.close()
+            raise _translate(e, f"opening {self.path}") from None
+        self.cf = {cf: self._db.get_column_family(cf) for cf in COLUMN_FAMILIES}
+        self.handle = {cf: self._db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES}
+        self._write_options = {}
+        for level in DURABILITIES:
+            w = WriteOptions()
+            w.disable_wal = level == "memory"
+            self._write_options[level] = w
+
+    def write(self, batch: WriteBatch, durability: str = "wal") -> None:
+        try:
+            self._db.write(batch, self._write_options[durability])
+        except Exception as e:
+            raise _translate(e, "writing to the SSD tier") from None
+
+    def sync(self) -> None:
+        """fsync the write-ahead log: every write made before this call is on disk."""
+        try:
+            self._db.flush_wal(True)
+        except Exception as e:
+            raise _translate(e, "syncing the SSD tier's log") from None
+
+    def get(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
+        return self.cf[cf].get(keys)
+
+    def items(self, cf: str, prefix: bytes):
+        """(key, value) pairs whose key starts with ``prefix``, in key order."""
+        for key, value in self.cf[cf].items(from_key=prefix):
+            if not key.startswith(prefix):
+                return
+            yield key, value
+
+    def checkpoint(self, path: str | Path) -> None:
+        """A consistent copy of the database at ``path`` (hard links: fast, no pause)."""
+        Checkpoint(self._db).create_checkpoint(str(path))
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def check_free_space(self) -> None:
+        """RESOURCE_EXHAUSTED before a write that would eat the last ``min_free_bytes``:
+        RocksDB must keep room for its own flushes and compactions, or it stops whole."""
+        free = self.free_bytes()
+        if free < self.min_free_bytes:
+            raise ResourceExhausted(f"the disk of data dir {self.path} is full: {free} bytes free, "
+                                    f"below min_free_disk_bytes={self.min_free_bytes}; free space, "
+                                    f"lower ssd_bytes (demote to the remote tier) or drop tables; "
+                                    f"nothing was applied")
+
+    def close(self) -> None:
+        """Close the database. RocksDB lets go of its own lock only once every column
+        family object is gone, so they are dropped first."""
+        for cf in self.cf.values():
+            cf.close()
+        self.cf.clear()
+        self.handle.clear()
+        self._db.close()
+        del self._db
+        gc.collect()
+        self._lock_file.close()
+
+
+def _lock(path: Path):
+    f = open(path / "LOCK.expstore", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise FailedPrecondition(f"data dir {path} is in use by {holder}; stop it or use "
+                                 f"another --data-dir") from None
+    f.truncate(0)
+    f.write(f"expstore-server pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def _translate(e: Exception, doing: str) -> Exception:
+    text = str(e)
+    if "No space left" in text or "ENOSPC" in text or "File too large" in text:
+        return ResourceExhausted(f"{doing}: the disk is full ({text}); free space or move "
+                                 f"the data dir; nothing was applied")
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return ResourceExhausted(f"{doing}: the disk is full; nothing was applied")
+    return Unavailable(f"{doing}: {text}")
+
+
+def table_prefix(table_id: int) -> bytes:
+    return table_id.to_bytes(4, "big")
+
+
+class RocksTier:
+    """One table's chunks in the ``chunks`` column family.
+
+    ``nbytes`` counts stored (compressed) bytes. Block offsets of chunks are cached after
+    the first read of their meta key. Not thread-safe for writes of one chunk id; the
+    table serialises them.
+    """
+
+    name = "ssd"
+
+    def __init__(self, db: Database, table_id: int, budget: int = 1 << 62) -> None:
+        self.db = db
+        self._prefix = table_prefix(table_id)
+        self._budget = budget
+        self._offsets: dict[int, np.ndarray] = {}  # chunk -> row offsets of its blocks
+        self._sizes: dict[int, int] = {}
+        self._nbytes = 0
+        self.table_id = table_id
+        self.arrow_bytes: dict[int, int] = {}  # of chunks adopted by ``load``
+
+    # -- the Tier protocol --------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def budget(self) -> int:
+        return self._budget
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __contains__(self, chunk_id: int) -> bool:
+        return chunk_id in self._sizes
+
+    def size_of(self, chunk_id: int) -> int:
+        return self._sizes[chunk_id]
+
+    def oldest(self) -> list[int]:
+        """Chunk ids, oldest first (demotion order)."""
+        return list(self._sizes)
+
+    def put(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "wal") -> None:
+        wb, offsets, size = self.encode(chunk_id, batch)
+        self.db.write(wb, durability)
+        self.commit_put(chunk_id, offsets, size)
+
+    def encode(self, chunk_id: int, batch: pa.RecordBatch) -> tuple[WriteBatch, np.ndarray, int]:
+        """The write batch storing a chunk, for callers that write it with other keys."""
+        n = batch.num_rows
+        per_row = max(1, batch.get_total_buffer_size() // max(1, n))
+        step = max(1, BLOCK_BYTES // per_row)
+        offsets = np.append(np.arange(0, n, step), n).astype(np.int64)
+        wb = WriteBatch(raw_mode=True)
+        size = 0
+        h = self.db.handle["chunks"]
+        for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+            value = codec.encode(batch.slice(lo, hi - lo))
+            wb.put(self._key(chunk_id, b), value, h)
+            size += len(value)
+        arrow_bytes = batch.get_total_buffer_size()
+        wb.put(self._key(chunk_id, _META_BLOCK),
+               offsets.tobytes() + size.to_bytes(8, "little") + arrow_bytes.to_bytes(8, "little"), h)
+        return wb, offsets, size
+
+    def commit_put(self, chunk_id: int, offsets: np.ndarray, size: int) -> None:
+        self._offsets[chunk_id] = offsets
+        self._sizes[chunk_id] = size
+        self._nbytes += size
+
+    def get(self, chunk_ids: Iterable[int]) -> dict[int, pa.RecordBatch]:
+        chunk_ids = list(chunk_ids)
+        self._load_offsets(chunk_ids)
+        keys, owners = [], []
+        for c in chunk_ids:
+            nblocks = len(self._offsets[c]) - 1
+            keys += [self._key(c, b) for b in range(nblocks)]
+            owners += [c] * nblocks
+        blocks = self._read(keys, owners)
+        out: dict[int, list] = {c: [] for c in chunk_ids}
+        for c, batch in zip(owners, blocks):
+            out[c].append(batch)
+        return {c: parts[0] if len(parts) == 1 else pa.concat_batches(parts) for c, parts in out.items()}
+
+    def get_rows(self, chunks: np.ndarray, rows: np.ndarray) -> tuple[dict[int, pa.RecordBatch], np.ndarray, np.ndarray]:
+        """The blocks holding rows ``rows[i]`` of ``chunks[i]``, read in one multi-get:
+        (blocks by key, key per row, row within its block), ready for ``take_rows``."""
+        unique = np.unique(chunks).tolist()
+        self._load_offsets(unique)
+        block = np.empty(len(rows), dtype=np.int64)
+        local = np.empty(len(rows), dtype=np.int64)
+        for c in unique:
+            at = chunks == c
+            offsets = self._offsets[c]
+            b = np.searchsorted(offsets, rows[at], side="right") - 1
+            block[at], local[at] = b, rows[at] - offsets[b]
+        keys = chunks.astype(np.int64) * (1 << 20) + block  # < 2**20 blocks per chunk
+        wanted = np.unique(keys).tolist()
+        batches = self._read([self._key(k >> 20, k & 0xFFFFF) for k in wanted], [k >> 20 for k in wanted])
+        return dict(zip(wanted, batches)), keys, local
+
+    def delete(self, chunk_ids: Iterable[int]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        h = self.db.handle["chunks"]
+        gone = []
+        for c in chunk_ids:
+            wb.delete_range(self._key(c, 0), self._key(c + 1, 0), h)
+            gone.append(c)
+        if not gone:
+            return
+        self.db.write(wb, "wal")
+        for c in gone:
+            self._offsets.pop(c, None)
+            self._nbytes -= self._sizes.pop(c, 0)
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def load(self, chunk_ids: Iterable[int]) -> list[int]:
+        """Adopt chunks written before a restart; returns the ids that are missing."""
+        chunk_ids = list(chunk_ids)
+        metas = self.db.get("chunks", [self._key(c, _META_BLOCK) for c in chunk_ids])
+        missing = []
+        for c, meta in zip(chunk_ids, metas):
+            if meta is None:
+                missing.append(c)
+            elif c not in self._sizes:
+                self.commit_put(c, np.frombuffer(meta[:-16], dtype=np.int64), int.from_bytes(meta[-16:-8], "little"))
+                self.arrow_bytes[c] = int.from_bytes(meta[-8:], "little")
+        return missing
+
+    def stored_chunks(self) -> list[int]:
+        """Every chunk id with a meta key (orphans included), for garbage collection."""
+        return [int.from_bytes(k[4:12], "big") for k, _ in self.db.items("chunks", self._prefix)
+                if k[12:] == _META_BLOCK.to_bytes(4, "big")]
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _key(self, chunk_id: int, block: int) -> bytes:
+        return self._prefix + chunk_id.to_bytes(8, "big") + block.to_bytes(4, "big")
+
+    def _load_offsets(self, chunk_ids: list[int]) -> None:
+        unknown = [c for c in chunk_ids if c not in self._offsets]
+        missing = self.load(unknown) if unknown else []
+        if missing:
+            raise NotFound(f"chunk {missing[0]} is not in the SSD tier")
+
+    def _read(self, keys: list[bytes], owners: list[int]) -> list[pa.RecordBatch]:
+        values = self.db.get("chunks", keys)
+        out = []
+        for key, chunk, value in zip(keys, owners, values):
+            what = f"SSD tier, table id {self.table_id}, chunk {chunk}, block {int.from_bytes(key[12:], 'big')}"
+            if value is None:
+                raise NotFound(f"{what} is missing")
+            out.append(codec.decode(value, what))
+        return out

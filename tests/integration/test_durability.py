@@ -1,0 +1,150 @@
+"""Durability: kill -9 at random moments loses no acknowledged insert and duplicates none;
+a restart restores items, priorities, times_sampled, policy versions, consumer offsets,
+unacked deliveries and training cuts; one server per data dir."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from expstore_client import Client
+
+from ._util import rpc_error, start_server, trajectories, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def traj_ids(client: Client, table: str, group: str) -> list[str]:
+    """Every stored trajectory's traj_id, read once through a fresh consumer group."""
+    out: list[str] = []
+    for batch in client.stream(table, group, 512, poll_timeout=0.5, idle_timeout=1.0):
+        out += batch.column("traj_id").to_pylist()
+    return out
+
+
+def restart(server):
+    server.stop(signal.SIGKILL)
+    return start_server(server.data_dir)
+
+
+def test_kill_9_during_inserts_loses_no_acknowledged_row_and_duplicates_none(tmp_path):
+    server = start_server(tmp_path / "data")
+    Client(server.address).create_table("t", sampler="uniform", max_size=10**6)
+    acknowledged: list[str] = []
+    rng = random.Random(7)
+    for round_ in range(3):
+        stop = threading.Event()
+
+        def produce(address=server.address, round_=round_):
+            client = Client(address, timeout=5)
+            i = 0
+            while not stop.is_set():
+                rows = trajectories(16, tokens=64, id_prefix=f"r{round_}-{i}-", seed=i)
+                try:
+                    client.insert("t", rows, durability="wal")
+                except grpc.RpcError:
+                    return  # the server died under us: this batch was not acknowledged
+                acknowledged.extend(rows.column("traj_id").to_pylist())
+                i += 1
+
+        writer = threading.Thread(target=produce)
+        writer.start()
+        time.sleep(rng.uniform(0.3, 1.2))
+        server.stop(signal.SIGKILL)
+        stop.set()
+        writer.join()
+        server = start_server(server.data_dir)
+        # A retry of the last acknowledged batch is a duplicate, never a second copy.
+        client = Client(server.address)
+        stored = traj_ids(client, "t", f"check{round_}")
+        assert len(stored) == len(set(stored)), "a row is stored twice"
+        assert set(acknowledged) <= set(stored), f"lost {len(set(acknowledged) - set(stored))} acknowledged rows"
+        again = client.insert("t", trajectories(16, tokens=64, id_prefix=f"r{round_}-0-", seed=0))
+        assert again.num_duplicates == 16
+    assert len(acknowledged) > 0
+    server.stop()
+
+
+def test_restart_restores_priorities_times_sampled_versions_and_unacked_deliveries(tmp_path):
+    server = start_server(tmp_path / "data")
+    c = Client(server.address)
+    c.create_table("p", sampler={"type": "prioritized", "alpha": 1.0}, max_times_sampled=100)
+    c.create_table("q", sampler="fifo")
+    ids = c.insert("p", trajectories(50, tokens=32, id_prefix="p")).item_ids
+    c.update_priorities("p", ids[:10], [7.0] * 10)
+    sampled = c.sample("p", 40, step=3)
+    c.set_policy_version("p", 4)
+    c.insert("q", trajectories(30, tokens=32, id_prefix="q"))
+    stream = c.stream("q", "trainer", 10, visibility_timeout=600)
+    first = next(stream)
+    first.ack()
+    second = next(stream)  # delivered, never acked: redelivered after the restart
+    before = c.get("p", ids)
+    server = restart(server)
+    c = Client(server.address)
+    after = c.get("p", ids)
+    assert np.array_equal(before.priorities, after.priorities)
+    assert np.array_equal(before.times_sampled, after.times_sampled)
+    assert after.times_sampled.sum() == 40
+    assert c.describe("p").policy_version == 4
+    assert np.array_equal(c.manifest("p", 3)[0], sampled.ids)
+    assert after.data.equals(before.data)
+    # Unacked deliveries keep their deadline (600 s): the next read gets fresh items.
+    third = next(c.stream("q", "trainer", 10, visibility_timeout=600))
+    assert set(third.ids).isdisjoint(first.ids) and set(third.ids).isdisjoint(second.ids)
+    assert c.stats("q")["q"]["group.trainer.inflight"] == 20
+    server.stop()
+
+
+def test_training_cut_resume_redelivers_exactly_what_the_next_step_had_not_committed(tmp_path):
+    server = start_server(tmp_path / "data")
+    c = Client(server.address)
+    c.create_table("s", sampler="fifo")
+    c.insert("s", trajectories(60, tokens=16, id_prefix="s"))
+    read = c.stream("s", "g", 10, visibility_timeout=600)
+    step1 = next(read)
+    c.commit_cut("s", "g", 1, step1.ids, tag="ckpt-1")
+    step2 = next(read)
+    c.commit_cut("s", "g", 2, step2.ids, tag="ckpt-2")
+    step3 = next(read)  # the trainer crashes during step 3 (nothing committed)
+    server = restart(server)
+    c = Client(server.address)
+    # The trainer resumes from its step-2 checkpoint: step 3's items come again, first.
+    assert c.resume("s", "g", 2) == {"position": int(step2.ids[-1]) + 1, "inflight": 0}
+    again = next(c.stream("s", "g", 10, visibility_timeout=600))
+    assert list(again.ids) == list(step3.ids)
+    # Resuming from step 1 instead redelivers steps 2 and 3.
+    c.resume("s", "g", 1)
+    redo = [int(i) for b in (next(c.stream("s", "g", 10)), next(c.stream("s", "g", 10))) for i in b.ids]
+    assert redo == [int(i) for i in np.concatenate([step2.ids, step3.ids])]
+    err = rpc_error(lambda: c.resume("s", "g", 9), grpc.StatusCode.NOT_FOUND)
+    assert "no cut at step 9" in err.details()
+    server.stop()
+
+
+def test_a_second_server_on_the_same_data_dir_fails_with_a_clear_message(tmp_path):
+    server = start_server(tmp_path / "data")
+    with pytest.raises(RuntimeError, match="in use by expstore-server pid"):
+        start_server(tmp_path / "data")
+    server.stop()
+
+
+def test_durable_tables_from_the_config_survive_a_restart(tmp_path):
+    config = """
+    [[tables]]
+    name = "rollouts"
+    sampler = { type = "uniform" }
+    """
+    server = start_server(tmp_path / "data", config)
+    Client(server.address).insert("rollouts", trajectories(5, id_prefix="a"))
+    server.stop(signal.SIGKILL)
+    server = start_server(server.data_dir, config)
+    c = Client(server.address)
+    wait_until(lambda: c.describe("rollouts").num_items == 5)
+    server.stop()
