@@ -79,8 +79,9 @@ class ChunkStore:
         """Bytes that releasing ``counts[i]`` items of ``chunks[i]`` would free."""
         return sum(self._bytes[c] for c, k in zip(chunks, counts) if self._live[c] == k)
 
-    def release(self, chunks: Iterable[int], counts: Iterable[int]) -> None:
-        """``counts[i]`` items of ``chunks[i]`` left; free the chunks nobody references."""
+    def release(self, chunks: Iterable[int], counts: Iterable[int]) -> list[int]:
+        """``counts[i]`` items of ``chunks[i]`` left; returns the chunks nobody references
+        any more (forgotten here; the caller deletes or archives them)."""
         freed = []
         for c, k in zip(chunks, counts):
             left = self._live[c] - k
@@ -92,7 +93,7 @@ class ChunkStore:
                 self.dead_bytes -= (self._rows[c] - k) * per_row
                 self._forget(c)
                 freed.append(c)
-        self.placement.delete(freed)
+        return freed
 
     def _forget(self, chunk: int) -> None:
         del self._live[chunk], self._rows[chunk]

@@ -83,7 +83,8 @@ class Placement:
     def add(self, staged: Staged) -> None:
         self.memory.put(staged.chunk_id, staged.batch)
         if self.ssd is not None:
-            self.ssd.commit_put(staged.chunk_id, staged.offsets, staged.stored_bytes)
+            self.ssd.commit_put(staged.chunk_id, staged.offsets, staged.stored_bytes,
+                                staged.batch.get_total_buffer_size())
             self.evict()
 
     def adopt(self, chunk_ids: list[int]) -> list[int]:
@@ -96,6 +97,19 @@ class Placement:
             self._remote_chunks.update(on_remote)
             missing = sorted(set(missing) - set(on_remote))
         return missing
+
+    def pin(self, chunk_ids: list[int]) -> None:
+        """Keep chunks readable outside the table lock until ``unpin``."""
+        self._pins.update(chunk_ids)
+
+    def unpin(self, chunk_ids: list[int]) -> None:
+        self._pins.subtract(chunk_ids)
+        done = [c for c in set(chunk_ids) if self._pins[c] <= 0]
+        for c in done:
+            del self._pins[c]
+        freed = [c for c in done if c in self._doomed]
+        self._doomed.difference_update(freed)
+        self._delete(freed)
 
     def delete(self, chunk_ids: list[int]) -> None:
         busy = [c for c in chunk_ids if self._pins[c]]
@@ -127,8 +141,11 @@ class Placement:
         return chunk_id in self.memory
 
     def where(self, chunk_id: int) -> str:
-        if chunk_id in self.memory:
-            return "memory"
+        """The fastest tier holding a chunk."""
+        return "memory" if chunk_id in self.memory else self.home(chunk_id)
+
+    def home(self, chunk_id: int) -> str:
+        """The durable tier holding a chunk: ssd or remote."""
         return "remote" if chunk_id in self._remote_chunks else "ssd"
 
     def plan(self, chunks: np.ndarray, rows: np.ndarray) -> ReadPlan:
@@ -160,17 +177,11 @@ class Placement:
 
     def finish(self, plan: ReadPlan) -> None:
         """Unpin; promote fetched remote chunks that are still live into memory."""
-        self._pins.subtract(plan.pinned)
         for c, batch in plan.fetched.items():
             if c not in self._doomed and c not in self.memory:
                 self.memory.put(c, batch)
                 self.counters["promotions"] += 1
-        done = [c for c in plan.pinned if self._pins[c] <= 0]
-        for c in done:
-            del self._pins[c]
-        freed = [c for c in done if c in self._doomed]
-        self._doomed.difference_update(freed)
-        self._delete(freed)
+        self.unpin(plan.pinned)
         if plan.fetched:
             self.evict()
 
@@ -192,15 +203,15 @@ class Placement:
     def demotion_candidates(self, limit_bytes: int = 64 << 20) -> list[int]:
         """The oldest SSD chunks (about ``limit_bytes`` stored) while the SSD tier is over
         its budget, pinned until ``demoted`` is called."""
-        if self.remote is None or self.ssd is None or self.ssd.nbytes <= self.ssd_budget:
+        if self.remote is None or self.ssd is None or self.ssd.stored_nbytes <= self.ssd_budget:
             return []
-        over = self.ssd.nbytes - self.ssd_budget
+        over = self.ssd.stored_nbytes - self.ssd_budget
         chosen, total = [], 0
         for c in self.ssd.oldest():
             if self._pins[c] or c in self._doomed:
                 continue
             chosen.append(c)
-            total += self.ssd.size_of(c)
+            total += self.ssd.stored_size_of(c)
             if total >= min(over, limit_bytes):
                 break
         self._pins.update(chosen)
@@ -208,17 +219,11 @@ class Placement:
 
     def demoted(self, chunk_ids: list[int], ok: bool) -> None:
         """The mover wrote ``chunk_ids`` to the remote tier (ok) or failed to."""
-        self._pins.subtract(chunk_ids)
-        for c in chunk_ids:
-            if self._pins[c] <= 0:
-                del self._pins[c]
         if ok:
             self._remote_chunks.update(chunk_ids)
             self.ssd.delete(chunk_ids)
             self.counters["demotions"] += len(chunk_ids)
-        freed = [c for c in chunk_ids if c in self._doomed and not self._pins[c]]
-        self._doomed.difference_update(freed)
-        self._delete(freed)
+        self.unpin(chunk_ids)
 
     # -- accounting ---------------------------------------------------------------------
 
@@ -226,7 +231,8 @@ class Placement:
         s = {"memory_bytes": self.memory.nbytes, "memory_budget_bytes": self.memory.budget,
              "memory_chunks": len(self.memory)}
         if self.ssd is not None:
-            s.update(ssd_bytes=self.ssd.nbytes, ssd_budget_bytes=self.ssd_budget, ssd_chunks=len(self.ssd))
+            s.update(ssd_bytes=self.ssd.stored_nbytes, ssd_arrow_bytes=self.ssd.nbytes,
+                     ssd_budget_bytes=self.ssd_budget, ssd_chunks=len(self.ssd))
         if self.remote is not None:
             s.update(remote_bytes=self.remote.nbytes, remote_chunks=len(self._remote_chunks))
         for k in ("evictions", "promotions", "demotions", "demotion_failures"):

@@ -54,7 +54,8 @@ class Store:
             backoff = interval_s
             while not self._stop.wait(backoff):
                 try:
-                    while any(t.demote() for t in self.tables() if t.spec.tiers == "remote"):
+                    while any(t.demote() + t.archive_pending() for t in self.tables()
+                              if t.spec.tiers == "remote"):
                         if self._stop.is_set():
                             return
                     self.remote_error, backoff = None, interval_s

@@ -31,6 +31,7 @@ import pyarrow as pa
 from . import schema as protocol
 from .errors import (DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
                      NotFound, ResourceExhausted, Unavailable)
+from .archive import ARCHIVE_SUFFIX, Archive
 from .chunks import ChunkStore
 from .gather import take_rows
 from .index import COLUMNS, ItemIndex
@@ -134,6 +135,7 @@ class Table:
             RocksTier(storage.db, storage.table_id) if durable else None,
             storage.remote(spec.name) if spec.tiers == "remote" else None,
             ssd_budget=spec.ssd_bytes))
+        self._archive = Archive(storage.remote(spec.name + ARCHIVE_SUFFIX)) if spec.archive else None
         self._keys = KeyRegistry(spec.dedup_window) if spec.key is not None else None
         self._tasks, self._groups = Codebook(), Codebook()
         self._sampler = make_sampler(spec.sampler, self._tasks)
@@ -561,6 +563,33 @@ class Table:
                     placement.counters["demotion_failures"] += 1
         return len(chosen)
 
+    def archive_pending(self) -> int:
+        """Upload queued chunks' archived rows to the archive dataset, then free the
+        chunks (one pass of up to 8 chunks; the store's mover calls it). Returns the
+        chunks archived; raises Unavailable when the remote tier is down."""
+        placement = self._chunks.placement
+        with self._cond:
+            if self._archive is None or self._closed or not self._archive.queue:
+                return 0
+            chosen = self._archive.queue[:8]
+            placement.pin(chosen)
+        try:
+            batches = placement.get(chosen)
+            with self._cond:
+                rows = {c: self._archive.rows_of(c, batches[c]) for c in chosen}
+            with placement.remote_lock:
+                for c in chosen:
+                    self._archive.tier.put(c, rows[c])
+            with self._cond:
+                self._log("archived", chunks=np.array(chosen, dtype=np.int64))
+                self._archive.done(chosen)
+                placement.delete(chosen)
+                self.counters["archived_items"] += sum(r.num_rows for r in rows.values())
+        finally:
+            with self._cond:
+                placement.unpin(chosen)
+        return len(chosen)
+
     def purge(self) -> None:
         """Delete everything the table stored (DropTable of a durable table; after close)."""
         with self._cond:
@@ -568,6 +597,9 @@ class Table:
             placement = self._chunks.placement
             placement.delete(list(self._chunks._live))
             placement.delete(placement.ssd.stored_chunks())
+            if self._archive is not None:
+                with placement.remote_lock:
+                    self._archive.tier.delete(self._archive.tier.chunk_ids())
 
     def _group(self, group: str) -> ConsumerGroup:
         g = self._consumers.get(group)
@@ -624,7 +656,7 @@ class Table:
                       "priority_updates", "compactions", "compacted_rows", "removed_max_size", "removed_max_times_sampled",
                       "removed_stale", "removed_zero_variance", "insert_waits", "sample_waits",
                       "stream_waits", "insert_wait_seconds", "sample_wait_seconds",
-                      "stream_wait_seconds", "compaction_failures", "removed_lost"):
+                      "stream_wait_seconds", "compaction_failures", "removed_lost", "archived_items"):
                 s[k] = self.counters[k]
             for k, v in self._limiter.state().items():
                 if isinstance(v, (int, float)):
@@ -737,11 +769,20 @@ class Table:
         self._remover.remove(slots)
         if self.spec.max_times_sampled:
             self._allowance -= int((self.spec.max_times_sampled - self._index["times_sampled"][slots]).sum())
+        if self._archive is not None and reason != "lost":
+            ix = self._index
+            self._archive.removed(ix["chunk"][slots], ix["row"][slots], ix["id"][slots], reason)
         if not self._replaying:  # a restore adopts the chunks once replay is done
             chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
-            self._chunks.release(chunks.tolist(), counts.tolist())
+            self._free(self._chunks.release(chunks.tolist(), counts.tolist()))
         self._forget(slots, reason)
         self._maybe_compact()
+
+    def _free(self, chunks: list[int]) -> None:
+        """Delete chunks no live item references, or queue them for the archive."""
+        if self._archive is not None:
+            chunks = self._archive.freed(chunks)
+        self._chunks.placement.delete(chunks)
 
     def _maybe_compact(self) -> None:
         """Rewrite mostly-dead or small chunks into one (``ChunkStore.compaction_candidates``).
@@ -752,7 +793,7 @@ class Table:
         copies at most ~32 MiB of live rows under the lock: a bounded pause, repeated by
         later calls if needed.
         """
-        if self._replaying:
+        if self._replaying or self._archive is not None:  # archived rows must outlive compaction
             return
         chosen = self._chunks.compaction_candidates()
         if not chosen:
@@ -1007,6 +1048,9 @@ class Table:
         g.ack(f["ids"])
         g.cut(int(f["step"]), f["tag"])
 
+    def _replay_archived(self, f: dict) -> None:
+        self._archive.done(f["chunks"].tolist())
+
     def _replay_resume(self, f: dict) -> None:
         self._consumers[f["group"]].resume(int(f["step"]))
 
@@ -1036,14 +1080,19 @@ class Table:
         ssd = placement.ssd
         for c, k, r in zip(chunks.tolist(), counts.tolist(), max_row.tolist()):
             if c in ssd:
-                rows, nbytes = int(ssd._offsets[c][-1]), ssd.arrow_bytes[c]
+                rows, nbytes = int(ssd._offsets[c][-1]), ssd.size_of(c)
             else:
                 rows, nbytes = r + 1, placement.remote.size_of(c)
             self._chunks.adopt(c, rows, k, nbytes)
         referenced = set(chunks.tolist())
+        if self._archive is not None:  # freed before the crash, not yet archived
+            pending = [c for c in self._archive.pending() if c not in referenced]
+            placement.adopt(pending)
+            self._archive.freed(pending)
+            referenced.update(pending)
         orphans = [c for c in ssd.stored_chunks() if c not in referenced]
         placement.delete(orphans)
-        placement.reserve_ids(max(orphans + chunks.tolist(), default=-1) + 1)
+        placement.reserve_ids(max([*referenced, *orphans], default=-1) + 1)
         return lost
 
 

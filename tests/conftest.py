@@ -90,3 +90,18 @@ def client(shared_server):
 def table_name(request):
     """A table name unique to the test (tables live on the shared server)."""
     return "t_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[:100]
+
+
+# --- S3: a moto server on loopback for the remote tier (tests/s3server.py) -------------------
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server for the session: ``.endpoint``, ``.bucket()`` (a fresh bucket's name),
+    ``.lance_options`` and ``.fsspec_options`` (storage options for Lance and s3fs), ``.config``."""
+    import s3server  # tests/ is on sys.path (conftest rootdir, prepend import mode)
+
+    s = s3server.start()
+    yield s
+    s.stop()
+
+# --- end S3 ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from ..errors import AlreadyExists, ExpstoreError, InvalidArgument, NotFound, Unavailable
+from ..errors import AlreadyExists, DataLoss, ExpstoreError, InvalidArgument, NotFound, Unavailable
 
 try:  # s3fs is the optional ``s3`` extra; botocore comes with it
     from botocore.exceptions import BotoCoreError as _BotoError
@@ -142,8 +142,14 @@ class RemoteTier:
     def __len__(self) -> int:
         return len(self._fragments)
 
+    def __contains__(self, chunk_id: int) -> bool:
+        return chunk_id in self._fragments
+
     def size_of(self, chunk_id: int) -> int:
         return self._sizes[chunk_id]
+
+    def chunk_ids(self) -> list[int]:
+        return list(self._fragments)
 
     def close(self) -> None:
         self._pool.shutdown()
@@ -335,8 +341,8 @@ class RemoteStore:
                 dest = local_dir / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 self.fs.get_file(self._path(f"{key_prefix}/{rel}"), str(dest))
-                if dest.stat().st_size != size:  # INTERNAL: the closest code to DATA_LOSS
-                    raise ExpstoreError(f"remote store {self.uri}: {key_prefix}/{rel} has {dest.stat().st_size}"
+                if dest.stat().st_size != size:
+                    raise DataLoss(f"remote store {self.uri}: {key_prefix}/{rel} has {dest.stat().st_size}"
                                         f" bytes, its seal says {size}")
         return local_dir
 

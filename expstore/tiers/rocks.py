@@ -151,25 +151,35 @@ def table_prefix(table_id: int) -> bytes:
     return table_id.to_bytes(4, "big")
 
 
+def open_rocks_tier(path: str | Path, table: str, table_id: int = 1) -> "RocksTier":
+    """A RocksTier on a database of its own, holding what it held before (tests and
+    tools; a server's tables share one Database). ``close`` closes the database."""
+    tier = RocksTier(Database(path), table_id, owns_db=True)
+    tier.load(tier.stored_chunks())
+    return tier
+
+
 class RocksTier:
     """One table's chunks in the ``chunks`` column family.
 
-    ``nbytes`` counts stored (compressed) bytes. Block offsets of chunks are cached after
-    the first read of their meta key. Not thread-safe for writes of one chunk id; the
+    ``nbytes`` and ``size_of`` count Arrow bytes, like every tier; ``stored_nbytes`` and
+    ``stored_size_of`` count the compressed bytes on disk (the SSD watermark's measure).
+    Block offsets of chunks are cached after the first read of their meta key. Not thread-safe for writes of one chunk id; the
     table serialises them.
     """
 
     name = "ssd"
 
-    def __init__(self, db: Database, table_id: int, budget: int = 1 << 62) -> None:
+    def __init__(self, db: Database, table_id: int, budget: int = 1 << 62, *, owns_db: bool = False) -> None:
         self.db = db
+        self._owns_db = owns_db
         self._prefix = table_prefix(table_id)
         self._budget = budget
         self._offsets: dict[int, np.ndarray] = {}  # chunk -> row offsets of its blocks
-        self._sizes: dict[int, int] = {}
-        self._nbytes = 0
+        self._stored: dict[int, int] = {}  # chunk -> compressed bytes
+        self._arrow: dict[int, int] = {}   # chunk -> Arrow bytes
+        self._nbytes = self.stored_nbytes = 0
         self.table_id = table_id
-        self.arrow_bytes: dict[int, int] = {}  # of chunks adopted by ``load``
 
     # -- the Tier protocol --------------------------------------------------------------
 
@@ -182,22 +192,25 @@ class RocksTier:
         return self._budget
 
     def __len__(self) -> int:
-        return len(self._sizes)
+        return len(self._stored)
 
     def __contains__(self, chunk_id: int) -> bool:
-        return chunk_id in self._sizes
+        return chunk_id in self._stored
 
     def size_of(self, chunk_id: int) -> int:
-        return self._sizes[chunk_id]
+        return self._arrow[chunk_id]
+
+    def stored_size_of(self, chunk_id: int) -> int:
+        return self._stored[chunk_id]
 
     def oldest(self) -> list[int]:
         """Chunk ids, oldest first (demotion order)."""
-        return list(self._sizes)
+        return list(self._stored)
 
     def put(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "wal") -> None:
         wb, offsets, size = self.encode(chunk_id, batch)
         self.db.write(wb, durability)
-        self.commit_put(chunk_id, offsets, size)
+        self.commit_put(chunk_id, offsets, size, batch.get_total_buffer_size())
 
     def encode(self, chunk_id: int, batch: pa.RecordBatch) -> tuple[WriteBatch, np.ndarray, int]:
         """The write batch storing a chunk, for callers that write it with other keys."""
@@ -217,13 +230,21 @@ class RocksTier:
                offsets.tobytes() + size.to_bytes(8, "little") + arrow_bytes.to_bytes(8, "little"), h)
         return wb, offsets, size
 
-    def commit_put(self, chunk_id: int, offsets: np.ndarray, size: int) -> None:
+    def commit_put(self, chunk_id: int, offsets: np.ndarray, stored: int, arrow: int) -> None:
+        if chunk_id in self._stored:  # a put of a held id replaces it
+            self._forget(chunk_id)
         self._offsets[chunk_id] = offsets
-        self._sizes[chunk_id] = size
-        self._nbytes += size
+        self._stored[chunk_id], self._arrow[chunk_id] = stored, arrow
+        self.stored_nbytes += stored
+        self._nbytes += arrow
+
+    def _forget(self, chunk_id: int) -> None:
+        self._offsets.pop(chunk_id, None)
+        self.stored_nbytes -= self._stored.pop(chunk_id, 0)
+        self._nbytes -= self._arrow.pop(chunk_id, 0)
 
     def get(self, chunk_ids: Iterable[int]) -> dict[int, pa.RecordBatch]:
-        chunk_ids = list(chunk_ids)
+        chunk_ids = list(dict.fromkeys(chunk_ids))
         self._load_offsets(chunk_ids)
         keys, owners = [], []
         for c in chunk_ids:
@@ -264,8 +285,11 @@ class RocksTier:
             return
         self.db.write(wb, "wal")
         for c in gone:
-            self._offsets.pop(c, None)
-            self._nbytes -= self._sizes.pop(c, 0)
+            self._forget(c)
+
+    def close(self) -> None:
+        if self._owns_db:
+            self.db.close()
 
     # -- recovery -----------------------------------------------------------------------
 
@@ -277,9 +301,9 @@ class RocksTier:
         for c, meta in zip(chunk_ids, metas):
             if meta is None:
                 missing.append(c)
-            elif c not in self._sizes:
-                self.commit_put(c, np.frombuffer(meta[:-16], dtype=np.int64), int.from_bytes(meta[-16:-8], "little"))
-                self.arrow_bytes[c] = int.from_bytes(meta[-8:], "little")
+            elif c not in self._stored:
+                self.commit_put(c, np.frombuffer(meta[:-16], dtype=np.int64),
+                                int.from_bytes(meta[-16:-8], "little"), int.from_bytes(meta[-8:], "little"))
         return missing
 
     def stored_chunks(self) -> list[int]:

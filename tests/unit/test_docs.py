@@ -11,7 +11,9 @@ import pytest
 from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.synthetic import trajectories
+from expstore.store import Store
 from expstore.table import Table
+from expstore.tiers.remote import RemoteTier
 from expstore_server import config as server_config
 from expstore_server.main import build_parser
 
@@ -24,8 +26,9 @@ def documented(page: str) -> set[str]:
 
 
 def test_every_server_key_is_documented():
-    keys = {f.name for f in dataclasses.fields(server_config.ServerConfig)} - {"tokens", "tables", "tls_cert", "tls_key"}
+    keys = {f.name for f in dataclasses.fields(server_config.ServerConfig)} - {"tokens", "tables", "tls_cert", "tls_key", "remote"}
     keys |= {"tokens", "cert", "key", "name", "roles", "token", "token_env"}
+    keys |= {f.name for f in dataclasses.fields(server_config.RemoteConfig)}
     assert keys - documented("config.md") == set()
 
 
@@ -61,6 +64,16 @@ def test_every_stats_counter_is_documented(sampler):
     table.insert(trajectories(4, groups=2))
     table.stream("g", 2)
     names = {documented_name(k) for k in table.stats()}
+    assert names - documented("stats.md") == set()
+
+
+def test_every_stats_counter_of_a_durable_tiered_table_is_documented(tmp_path):
+    uri = (tmp_path / "remote").as_uri()
+    store = Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
+    table = store.create_table(TableSpec(name="t", tiers="remote", archive=True))
+    table.insert(trajectories(4, groups=2))
+    names = set(table.stats())
+    store.close()
     assert names - documented("stats.md") == set()
 
 
