@@ -690,6 +690,10 @@ class Table:
         with self._cond:
             self._closed = True
             self._changed()
+        tiers = [self._chunks.placement.remote, self._archive.tier if self._archive is not None else None]
+        for tier in tiers:
+            if tier is not None:
+                tier.close()  # its reader threads
 
     # -- internals --------------------------------------------------------------------
 
