@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -637,6 +637,61 @@ class Table:
             rows = self._snapshot(self._lookup(ids))
         return self._gather(rows)
 
+    def scan(self, columns: Sequence[str] | None = None, *, min_policy_version: int | None = None,
+             max_policy_version: int | None = None, inserted_after: float | None = None,
+             inserted_before: float | None = None) -> Iterator[pa.RecordBatch]:
+        """Live items for queries and audits, one record batch per chunk: the payload
+        ``columns`` (None: all) plus the server's ``item_id``, ``priority``,
+        ``times_sampled``, ``inserted_at`` (Unix seconds) and ``tier``. Items are pruned
+        with the index before any payload is read; the chunks are pinned at the start
+        (a consistent set of items) and read one at a time, so memory holds one chunk."""
+        names = list(self.schema.names if columns is None else columns)
+        unknown = [c for c in names if c not in self.schema.names]
+        if unknown:
+            raise InvalidArgument(f"table {self.name!r}: no column {unknown[0]!r} "
+                                  f"(columns: {', '.join(self.schema.names)})")
+        with self._cond:
+            ix = self._index
+            slots = ix.live_slots()
+            keep = np.ones(len(slots), dtype=bool)
+            pv, at = ix["policy_version"][slots], ix["inserted_at"][slots]
+            for bound, ok in ((min_policy_version, lambda b: pv >= b), (max_policy_version, lambda b: pv <= b),
+                              (inserted_after, lambda b: at > b), (inserted_before, lambda b: at < b)):
+                if bound is not None:
+                    keep &= ok(bound)
+            slots = slots[keep]
+            slots = slots[np.lexsort((ix["row"][slots], ix["chunk"][slots]))]
+            chunks = ix["chunk"][slots]
+            parts = []
+            for lo, hi in _chunk_runs(chunks):
+                s = slots[lo:hi]
+                parts.append((self._snapshot(s), ix["inserted_at"][s].copy(),
+                              self._chunks.placement.where(int(chunks[lo]))))
+        try:
+            while parts:
+                snap, inserted_at, tier = parts.pop(0)
+                rows = self._gather(snap)
+                data = rows.data.select(names)
+                for name, values in (("item_id", pa.array(rows.item_ids, pa.uint64())),
+                                     ("priority", pa.array(rows.priorities, pa.float64())),
+                                     ("times_sampled", pa.array(rows.times_sampled, pa.int64())),
+                                     ("inserted_at", pa.array(inserted_at, pa.float64())),
+                                     ("tier", pa.array([tier] * len(inserted_at), pa.string()))):
+                    data = data.append_column(name, values)
+                yield data
+        finally:  # an abandoned scan unpins what it did not read
+            with self._cond:
+                for snap, _, _ in parts:
+                    self._chunks.placement.finish(snap.plan)
+
+    def scan_archive(self, columns: Sequence[str] | None = None, filter: str | None = None) -> pa.RecordBatchReader | None:
+        """The archived (removed) items, with ``_item_id`` and ``_removed``, as a Lance scan
+        with column and filter (SQL predicate) pushdown; None without an archive."""
+        if self._archive is None:
+            return None
+        with self._chunks.placement.remote_lock:
+            return self._archive.tier.scan(None if columns is None else list(columns), filter)
+
     def __len__(self) -> int:
         return len(self._index)
 
@@ -1098,6 +1153,13 @@ class Table:
         placement.delete(orphans)
         placement.reserve_ids(max([*referenced, *orphans], default=-1) + 1)
         return lost
+
+
+def _chunk_runs(chunks: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of equal values in a sorted array."""
+    starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]) if len(chunks) else np.zeros(0, np.int64)
+    ends = np.append(starts[1:], len(chunks))
+    return list(zip(starts.tolist(), ends.tolist()))
 
 
 def occurrence_rank(values: np.ndarray) -> np.ndarray:

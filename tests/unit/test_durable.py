@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from expstore import codec
-from expstore.errors import DataLoss, DeadlineExceeded, FailedPrecondition, ResourceExhausted
+from expstore.errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 from expstore.journal import Journal, pack, unpack
 from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.store import Store
@@ -218,4 +219,24 @@ def test_archive_moves_items_that_leave_the_window_to_the_remote_tier(tmp_path):
     archived = RemoteTier(uri, "t.archive").scan(columns=["traj_id"]).read_all().column("traj_id").to_pylist()
     assert sorted(archived) == sorted([f"a0-{i}" for i in range(10)] + [f"a1-{i}" for i in range(10)])
     assert list(store.db.cf["chunks"].keys()) and t.stats()["items"] == 30
+    store.close()
+
+
+def test_scan_yields_live_items_with_server_columns_pruned_by_the_index(tmp_path):
+    store = Store(tmp_path / "d")
+    t = store.create_table(TableSpec("t", memory_bytes=1))  # payloads come from the SSD tier
+    for v in range(3):
+        t.insert(trajectories(10, tokens=8, id_prefix=f"v{v}", policy_version=v))
+    t.sample(5)
+    batches = list(t.scan(["traj_id", "policy_version"], min_policy_version=1))
+    got = pa.Table.from_batches(batches)
+    assert got.column_names == ["traj_id", "policy_version", "item_id", "priority", "times_sampled",
+                                "inserted_at", "tier"]
+    assert got.column("traj_id").to_pylist() == [f"v{v}-{i}" for v in (1, 2) for i in range(10)]
+    assert got.column("item_id").to_pylist() == list(range(11, 31))
+    assert set(got.column("tier").to_pylist()) == {"ssd"}
+    assert sum(got.column("times_sampled").to_pylist()) <= 5
+    with pytest.raises(InvalidArgument, match="no column 'nope'"):
+        list(t.scan(["nope"]))
+    assert not t._chunks.placement._pins  # a finished scan holds nothing
     store.close()
