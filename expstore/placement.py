@@ -235,6 +235,6 @@ class Placement:
                      ssd_budget_bytes=self.ssd_budget, ssd_chunks=len(self.ssd))
         if self.remote is not None:
             s.update(remote_bytes=self.remote.nbytes, remote_chunks=len(self._remote_chunks))
-        for k in ("evictions", "promotions", "demotions", "demotion_failures"):
+        for k in ("evictions", "promotions", "prefetched", "demotions", "demotion_failures"):
             s[k] = self.counters[k]
         return s

@@ -22,6 +22,7 @@ import operator
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -143,6 +144,8 @@ class Table:
         self._limiter = RateLimiter.from_spec(spec.rate_limiter)
         self._consumers: dict[str, ConsumerGroup] = {}
         self._manifests: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._prefetch_pool: ThreadPoolExecutor | None = None
+        self._prefetching: set[int] = set()  # chunks being read ahead for streams
 
         # Samples the live items may still take under max_times_sampled (sum of allowances).
         self._allowance = 0
@@ -492,8 +495,44 @@ class Table:
             slots = np.concatenate([again_slots, fresh_slots])
             self.counters["stream_deliveries"] += len(slots)
             rows = self._snapshot(slots)
+            ahead = self._chunks_ahead(g.position, n)
             self._changed()
+        if ahead:
+            self._prefetcher().submit(self._prefetch, ahead)
         return self._gather(rows)
+
+    def _chunks_ahead(self, position: int, n: int) -> list[int]:
+        """Chunks of the next ``2 n`` unread items that are not in memory (lock held)."""
+        placement = self._chunks.placement
+        if not placement.durable:
+            return []
+        chunks = np.unique(self._index["chunk"][self._index.slots_from(position, 2 * n)]).tolist()
+        ahead = [c for c in chunks if not placement.resident(c) and c not in self._prefetching]
+        self._prefetching.update(ahead)
+        placement.pin(ahead)
+        return ahead
+
+    def _prefetcher(self):
+        if self._prefetch_pool is None:
+            self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{self.name}")
+        return self._prefetch_pool
+
+    def _prefetch(self, chunks: list[int]) -> None:
+        """Read chunks a stream will need next into the memory cache (a background thread;
+        the chunks are pinned), so consumers of a cold stream do not wait on the disk."""
+        placement = self._chunks.placement
+        try:
+            batches = placement.get(chunks)
+        except ExpstoreError:  # e.g. the remote tier is down: the read itself will report it
+            batches = {}
+        with self._cond:
+            for c, batch in batches.items():
+                if c in self._chunks and not placement.resident(c):
+                    placement.memory.put(c, batch)
+                    placement.counters["prefetched"] += 1
+            placement.evict()
+            placement.unpin(chunks)
+            self._prefetching.difference_update(chunks)
 
     def ack(self, group: str, item_ids) -> tuple[int, int]:
         """Ack items delivered to a group; (newly acked, already acked). An id never
@@ -745,6 +784,8 @@ class Table:
         with self._cond:
             self._closed = True
             self._changed()
+        if self._prefetch_pool is not None:
+            self._prefetch_pool.shutdown(wait=True)
         tiers = [self._chunks.placement.remote, self._archive.tier if self._archive is not None else None]
         for tier in tiers:
             if tier is not None:

@@ -240,3 +240,22 @@ def test_scan_yields_live_items_with_server_columns_pruned_by_the_index(tmp_path
         list(t.scan(["nope"]))
     assert not t._chunks.placement._pins  # a finished scan holds nothing
     store.close()
+
+
+def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
+    store = Store(tmp_path / "d")
+    t = store.create_table(TableSpec("t", sampler=SamplerSpec("fifo"), memory_bytes=600_000))
+    for i in range(8):
+        t.insert(trajectories(16, tokens=512, id_prefix=f"c{i}"))
+    store.close()
+    store = Store(tmp_path / "d")  # restarted: the memory cache is cold
+    t = store.table("t")
+    assert t.stats()["memory_chunks"] == 0
+    first = t.stream("g", 16)
+    t._prefetcher().submit(lambda: None).result()  # the read-ahead has run
+    assert t.stats()["prefetched"] >= 1
+    nxt = int(t._index["chunk"][t._index.lookup(np.array([first.item_ids[-1] + 1]))][0])
+    assert t._chunks.placement.resident(nxt)
+    ids = [int(i) for _ in range(7) for i in t.stream("g", 16).item_ids]
+    assert ids == list(range(17, 129)) and not t._chunks.placement._pins
+    store.close()
