@@ -84,7 +84,7 @@ class Placement:
         self.memory.put(staged.chunk_id, staged.batch)
         if self.ssd is not None:
             self.ssd.commit_put(staged.chunk_id, staged.offsets, staged.stored_bytes,
-                                staged.batch.get_total_buffer_size())
+                                staged.batch.get_total_buffer_size(), staged.batch.schema)
             self.evict()
 
     def adopt(self, chunk_ids: list[int]) -> list[int]:

@@ -259,3 +259,12 @@ def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
     ids = [int(i) for _ in range(7) for i in t.stream("g", 16).item_ids]
     assert ids == list(range(17, 129)) and not t._chunks.placement._pins
     store.close()
+
+
+def test_blocks_reject_damage():
+    batch = trajectories(2, tokens=16).to_batches()[0]
+    data = codec.encode_block(batch)
+    assert codec.decode_block(data, batch.schema, "x").equals(batch)
+    for bad in (data[:-3], data[:5], codec.encode(batch)):
+        with pytest.raises(DataLoss):
+            codec.decode_block(bad, batch.schema, "x")
