@@ -493,22 +493,23 @@ class Table:
             slots = np.concatenate([again_slots, fresh_slots])
             self.counters["stream_deliveries"] += len(slots)
             rows = self._snapshot(slots)
-            ahead = self._chunks_ahead(g.position, n)
+            if self._chunks.placement.durable:  # the chunks of the next 2n unread items
+                self._read_ahead(np.unique(self._index["chunk"][self._index.slots_from(g.position, 2 * n)]).tolist())
             self._changed()
-        if ahead:
-            self._prefetcher().submit(self._prefetch, ahead)
         return self._gather(rows)
 
-    def _chunks_ahead(self, position: int, n: int) -> list[int]:
-        """Chunks of the next ``2 n`` unread items that are not in memory (lock held)."""
+    def _read_ahead(self, chunks: list[int], *, if_room: bool = False) -> None:
+        """Load chunks that are not in memory into the memory cache in the background
+        (lock held): a stream's next chunks, or (``if_room``) chunks a sample read from the
+        SSD while the cache has room for them, so a restarted table warms up."""
         placement = self._chunks.placement
-        if not placement.durable:
-            return []
-        chunks = np.unique(self._index["chunk"][self._index.slots_from(position, 2 * n)]).tolist()
-        ahead = [c for c in chunks if not placement.resident(c) and c not in self._prefetching]
-        self._prefetching.update(ahead)
-        placement.pin(ahead)
-        return ahead
+        ahead = [c for c in chunks if c in self._chunks and not placement.resident(c) and c not in self._prefetching]
+        if if_room and placement.memory.nbytes + sum(map(self._chunks.size_of, ahead)) > placement.memory.budget:
+            return
+        if ahead:
+            self._prefetching.update(ahead)
+            placement.pin(ahead)
+            self._prefetcher().submit(self._prefetch, ahead)
 
     def _prefetcher(self):
         if self._prefetch_pool is None:
@@ -811,6 +812,7 @@ class Table:
             if snap.plan.pinned:
                 with self._cond:
                     self._chunks.placement.finish(snap.plan)
+                    self._read_ahead([c for c in snap.plan.pinned if c not in snap.plan.fetched], if_room=True)
         return Rows(data=data, item_ids=snap.item_ids, priorities=snap.priorities,
                     times_sampled=snap.times_sampled, policy_versions=snap.policy_versions,
                     probabilities=snap.probabilities, weights=snap.weights)

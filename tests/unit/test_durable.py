@@ -268,3 +268,18 @@ def test_blocks_reject_damage():
     for bad in (data[:-3], data[:5], codec.encode(batch)):
         with pytest.raises(DataLoss):
             codec.decode_block(bad, batch.schema, "x")
+
+
+def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path):
+    store = Store(tmp_path / "d")
+    t = store.create_table(TableSpec("t"))
+    for i in range(4):
+        t.insert(trajectories(16, tokens=256, id_prefix=f"w{i}"))
+    store.close()
+    store = Store(tmp_path / "d")
+    t = store.table("t")
+    assert t.stats()["items_memory"] == 0
+    t.sample(64)
+    t._prefetcher().submit(lambda: None).result()
+    assert t.stats()["items_memory"] == 64 and not t._chunks.placement._pins
+    store.close()
