@@ -1,0 +1,218 @@
+"""A rollout producer: sample a task, roll out a GRPO group of ``group_size`` episodes,
+score it, insert it into the store, and pick up new policy weights between generations.
+
+The loop, in one asyncio event loop: up to ``concurrency`` groups are in flight
+(envs.pool.EnvPool); each is one batched engine session (agent.rollout_group). Before
+every generation the producer looks for a newer version under ``weights_uri`` (at most
+once per ``weights_poll_s``) and, if there is one, swaps it in between generate calls
+(agent.SwapGate); rows record the version of every token (policy_version,
+token_policy_version). A whole group is inserted in one Insert (all or none), so the
+store's group sampler sees it complete at once.
+
+Run as a program::
+
+    python -m expstore_rl.producer --server 127.0.0.1:50051 --table rollouts \\
+        --weights-uri file:///tmp/weights --env reverse --engine torch --group-size 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+import grpc
+from expstore_client import AsyncClient
+
+from . import agent, weights
+from .engines.base import Engine, SamplingParams
+from .envs.base import Env
+from .envs.pool import EnvPool, EpisodeError
+from .rewards import Reward
+from .tokenizer import CharTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProducerConfig:
+    concurrency: int = 4  # groups in flight at once
+    seed: int = 0  # task sampling; group k samples with seed * 1_000_003 + k
+    weights_poll_s: float = 1.0  # least seconds between two looks for new weights
+    insert_retries: int = 3  # an Insert is retried (safe: traj_id is idempotent) before giving up
+    log_every: int = 0  # print the metrics as one JSON line every N groups (0: never)
+    agent: agent.AgentConfig = field(default_factory=agent.AgentConfig)
+
+
+class Producer:
+    def __init__(self, client_target: str, table: str, engine: Engine, env_factory: Callable[[], Env], *,
+                 group_size: int, weights_uri: str | None = None, params: SamplingParams, token: str | None = None,
+                 tokenizer=None, reward_fn: Reward | None = None, config: ProducerConfig = ProducerConfig()) -> None:
+        if group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        self.target, self.table, self.engine, self.env_factory = client_target, table, engine, env_factory
+        self.group_size, self.weights_uri, self.params, self.token = group_size, weights_uri, params, token
+        self.tok, self.reward_fn, self.config = tokenizer or CharTokenizer(), reward_fn, config
+        self.rng = random.Random(config.seed)
+        self.gate = agent.SwapGate()
+        self.metrics: Counter = Counter()
+        self._last_poll = float("-inf")
+        self._groups_started = 0
+
+    def run(self, num_groups: int | None = None, stop_event: threading.Event | None = None) -> dict:
+        """Produce ``num_groups`` groups (None: until ``stop_event`` is set); returns the
+        metrics (docs/rl.md, "Producers")."""
+        return asyncio.run(self.run_async(num_groups, stop_event))
+
+    async def run_async(self, num_groups: int | None = None, stop_event: threading.Event | None = None) -> dict:
+        async with AsyncClient(self.target, self.token) as client:
+            await self.maybe_reload(force=True)
+            pool = EnvPool(self.config.concurrency)
+            async for result in pool.run(self._jobs(num_groups, stop_event)):
+                if isinstance(result, EpisodeError):  # a bug outside any environment call
+                    self.metrics["producer/failed_groups"] += 1
+                    continue
+                await self._insert(client, result)
+        return self.stats()
+
+    def _jobs(self, num_groups: int | None, stop_event: threading.Event | None):
+        started = 0
+        while (num_groups is None or started < num_groups) and not (stop_event and stop_event.is_set()):
+            started += 1
+            self._groups_started += 1  # over all runs: the seed of each group differs
+            yield partial(self._group, self._groups_started)
+
+    async def _group(self, k: int) -> list[dict]:
+        env = self.env_factory()
+        task = env.sample_task(self.rng)
+        seed = self.config.seed * 1_000_003 + k
+        params = SamplingParams(**{**self.params.__dict__, "seed": seed})
+        rows = await agent.rollout_group(
+            self.engine, [env] + [self.env_factory() for _ in range(self.group_size - 1)], task, params, self.tok,
+            group_id=uuid.uuid4().hex, config=self.config.agent, gate=self.gate, before_generate=self.maybe_reload)
+        if self.reward_fn is not None:
+            await asyncio.to_thread(self._score, rows)
+        return rows
+
+    def _score(self, rows: list[dict]) -> None:
+        for row in rows:
+            sample = {**row, "text": self.tok.decode(t for t, m in zip(row["tokens"], row["loss_mask"]) if m)}
+            result = self.reward_fn(sample)
+            row["reward"], row["reward_components"] = float(result.value), {
+                **row["reward_components"], **{k: float(v) for k, v in result.components.items()}}
+
+    async def maybe_reload(self, force: bool = False) -> None:
+        """Load the newest published version if it is newer than the engine's."""
+        if self.weights_uri is None or (not force and time.monotonic() - self._last_poll < self.config.weights_poll_s):
+            return
+        self._last_poll = time.monotonic()
+        latest = await asyncio.to_thread(weights.latest_version, self.weights_uri)
+        if latest is None or latest <= self.engine.version:
+            return
+        path = await asyncio.to_thread(weights.local_path, self.weights_uri, latest)
+        async with self.gate.swap():
+            if latest > self.engine.version:  # another task may have swapped meanwhile
+                await asyncio.to_thread(self.engine.load_weights, path, latest)
+                self.metrics["producer/weight_reloads"] += 1
+                log.info("loaded policy version %d", latest)
+
+    async def _insert(self, client: AsyncClient, rows: list[dict]) -> None:
+        for attempt in range(self.config.insert_retries + 1):
+            try:
+                await client.insert(self.table, rows)
+                break
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT or attempt == self.config.insert_retries:
+                    raise
+                log.warning("insert failed (%s), retrying", e.code())
+                await asyncio.sleep(0.5 * 2 ** attempt)
+        m = self.metrics
+        m["producer/groups"] += 1
+        m["producer/trajectories"] += len(rows)
+        m["producer/tokens"] += sum(len(r["tokens"]) for r in rows)
+        m["producer/generated_tokens"] += sum(sum(r["loss_mask"]) for r in rows)
+        m["producer/reward_sum"] += sum(r["reward"] for r in rows)
+        m.update(f"producer/finish/{r['finish_reason']}" for r in rows)
+        if self.config.log_every and m["producer/groups"] % self.config.log_every == 0:
+            print(json.dumps(self.stats()), flush=True)
+
+    def stats(self) -> dict:
+        m = dict(self.metrics)
+        n = max(1, m.get("producer/trajectories", 0))
+        m["producer/reward_mean"] = m.get("producer/reward_sum", 0.0) / n
+        m["producer/policy_version"] = self.engine.version
+        return m
+
+
+def build_engine(kind: str, weights_uri: str | None, device: str, seed: int) -> Engine:
+    """The CLI's engine: the newest published weights, or (torch only) a fresh model."""
+    latest = weights.latest_version(weights_uri) if weights_uri else None
+    if kind == "vllm":
+        from .engines.vllm_engine import VLLMEngine
+        while latest is None:  # vLLM loads from a published directory
+            log.info("waiting for a published version under %s", weights_uri)
+            time.sleep(1.0)
+            latest = weights.latest_version(weights_uri)
+        return VLLMEngine(weights.local_path(weights_uri, latest), version=latest)
+    from .engines.torch_engine import TorchEngine
+    from .model import ModelConfig, build_model
+    if latest is None:
+        return TorchEngine(build_model(ModelConfig(), seed), device, version=0)
+    import transformers
+    model = transformers.LlamaForCausalLM.from_pretrained(weights.local_path(weights_uri, latest))
+    return TorchEngine(model, device, version=latest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .envs import ENVS
+    p = argparse.ArgumentParser(prog="python -m expstore_rl.producer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", default="127.0.0.1:50051")
+    p.add_argument("--table", required=True)
+    p.add_argument("--token", default=None, help="bearer token with the producer role")
+    p.add_argument("--weights-uri", default=None, help="fsspec uri of published versions (weights.publish)")
+    p.add_argument("--env", choices=sorted(ENVS), default="reverse")
+    p.add_argument("--engine", choices=["torch", "vllm"], default="torch")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--num-groups", type=int, default=None, help="stop after this many groups (default: never)")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reward", default=None, help="a reward of expstore_rl.rewards by name (default: the env's)")
+    p.add_argument("--log-every", type=int, default=10, help="print metrics as JSON every N groups")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    from . import rewards
+    from .envs import ENVS
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    import torch
+    torch.set_num_threads(1)
+    engine = build_engine(a.engine, a.weights_uri, a.device, a.seed)
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
+    config = ProducerConfig(concurrency=a.concurrency, seed=a.seed, log_every=a.log_every,
+                            agent=agent.AgentConfig(max_turns=a.max_turns, engine_name=a.engine))
+    producer = Producer(a.server, a.table, engine, ENVS[a.env], group_size=a.group_size, weights_uri=a.weights_uri,
+                        params=params, token=a.token, reward_fn=getattr(rewards, a.reward) if a.reward else None,
+                        config=config)
+    print(json.dumps(producer.run(a.num_groups)), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

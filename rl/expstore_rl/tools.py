@@ -1,0 +1,87 @@
+"""Tools a policy may call, each run in the sandbox, and the text format of calls and
+observations.
+
+A call is ``<tool>NAME ARGS</tool>`` in the generated text; its observation is
+``<obs>RESULT</obs>`` on success and ``<obs>STATUS</obs>`` otherwise (e.g.
+``<obs>error</obs>``), written in the toy alphabet (lowercase letters, digits,
+``+-*/=()`` and space) so that any tokenizer of the toy tasks can encode it.
+
+Only tools in the allowlist given to ``call`` run; any other name is answered with
+status "denied" without starting a process.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+
+from . import sandbox
+
+ALPHABET = frozenset(string.ascii_lowercase + string.digits + "+-*/=() ")
+CALL = re.compile(r"<tool>\s*([a-z_]+)\s*(.*?)</tool>", re.S)
+
+_CALC = r"""
+import ast, sys
+from fractions import Fraction
+OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+       ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+def ev(n):
+    if isinstance(n, ast.Expression): return ev(n.body)
+    if isinstance(n, ast.Constant) and type(n.value) is int: return Fraction(n.value)
+    if isinstance(n, ast.BinOp) and type(n.op) in OPS: return OPS[type(n.op)](ev(n.left), ev(n.right))
+    if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub): return -ev(n.operand)
+    raise ValueError("only integers, + - * / and parentheses")
+try:
+    print(ev(ast.parse(sys.stdin.read(), mode="eval")))
+except Exception as e:
+    sys.exit(f"error: {type(e).__name__}")
+"""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool is a fixed program; the call's arguments arrive on its stdin."""
+    name: str
+    argv: tuple[str, ...]
+    limits: sandbox.Limits = sandbox.Limits()
+
+
+TOOLS = {
+    "calc": Tool("calc", (sandbox.PYTHON, "-I", "-S", "-c", _CALC),
+                 sandbox.Limits(cpu_s=1, wall_s=3.0, output_bytes=256)),
+    "python": Tool("python", (sandbox.PYTHON, "-I", "-S", "-"), sandbox.Limits()),
+}
+"""calc: exact arithmetic over integers (a non-integer result prints as a fraction, 7/2).
+python: runs the arguments as a Python program (stdlib only, no network)."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    name: str
+    args: str
+    status: str  # the sandbox's status, or "denied"
+    output: str
+    latency_ms: float
+
+
+def parse_call(text: str) -> tuple[str, str] | None:
+    """(name, args) of the first tool call in ``text``, or None."""
+    m = CALL.search(text)
+    return (m.group(1), m.group(2).strip()) if m else None
+
+
+async def call(name: str, args: str, allow=("calc",)) -> ToolResult:
+    """Run tool ``name`` if it is allowed; never raises for what the tool does."""
+    tool = TOOLS.get(name)
+    if tool is None or name not in allow:
+        return ToolResult(name, args, "denied", f"tool {name!r} is not allowed", 0.0)
+    r = await sandbox.run_async(list(tool.argv), stdin=args, limits=tool.limits)
+    return ToolResult(name, args, r.status, r.output, r.latency_ms)
+
+
+def observation(result: ToolResult) -> str:
+    """The observation text of a call, in the toy alphabet."""
+    body = result.output.strip() if result.status == "ok" else result.status.replace("_", " ")
+    body = "".join(c for c in body.lower() if c in ALPHABET)
+    return f"<obs>{body}</obs>"
