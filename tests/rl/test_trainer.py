@@ -1,0 +1,108 @@
+"""The shared loop pieces: the store as a data source, PPO's token rewards, the CLI, and
+that every metric a run writes is documented."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from expstore.synthetic import trajectories
+from expstore_client import Client
+from expstore_rl import ppo, trainer
+from expstore_rl.batching import Rollouts
+from expstore_rl.distributed import Dist
+
+from .test_fsdp import TINY, FakeSource, config
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
+
+
+def emitted(out: Path) -> set[str]:
+    return {k for line in (out / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
+
+
+def documented() -> set[str]:
+    section = DOCS.read_text().split("## Trainer", 1)[1].split("\n## ", 1)[0]
+    section = re.sub(r"```.*?```", "", section, flags=re.S)  # code blocks
+    return set(re.findall(r"`([^`]+)`", section))
+
+
+def test_every_metric_of_grpo_and_ppo_is_documented(tmp_path):
+    from expstore_rl import grpo
+
+    grpo.train(config(tmp_path / "g", steps=1), FakeSource())
+    ppo_cfg = ppo.PPOConfig(weights_uri=f"file://{tmp_path}/p/weights", out=str(tmp_path / "p" / "run"), steps=1,
+                            batch_size=16, kl_coef=0.1, checkpoint_every=0, **TINY)
+    ppo.train(ppo_cfg, FakeSource())
+    names = emitted(tmp_path / "g" / "run") | emitted(tmp_path / "p" / "run")
+    assert {"losses/value", "kl/ref", "offpolicy/is_weight_mean", "ppo/explained_variance"} <= names
+    assert names - documented() == set()
+    assert (tmp_path / "p" / "run" / "metrics.png").stat().st_size > 0
+
+
+def test_ppo_critic_learns_and_values_are_finite(tmp_path):
+    cfg = ppo.PPOConfig(weights_uri=f"file://{tmp_path}/weights", out=str(tmp_path / "run"), steps=3,
+                        batch_size=16, checkpoint_every=0, update_epochs=2, **TINY)
+    ppo.train(cfg, FakeSource())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["losses/value"]) for r in rows)
+    assert rows[0]["ppo/value_mean"] == 0  # the value head starts at 0
+    assert rows[-1]["ppo/value_mean"] != 0
+
+
+def test_ppo_reward_sits_on_the_last_generated_token():
+    mask = torch.tensor([[0.0, 1, 1, 0, 1, 0], [0, 0, 1, 0, 0, 0]])
+    rows = Rollouts(torch.zeros(2, 6, dtype=torch.long), torch.ones(2, 6), mask, torch.zeros(2, 6),
+                    torch.tensor([2.0, -1.0]), torch.arange(2), torch.zeros(2, dtype=torch.long))
+    r = ppo.token_rewards(rows, {}, ppo.PPOConfig())
+    assert r.tolist() == [[0, 0, 0, 0, 2.0, 0], [0, 0, -1.0, 0, 0, 0]]
+
+
+def test_cli_flags_cover_the_config():
+    cfg = trainer.parse(ppo.PPOConfig, ["--clip-high", "0.28", "--no-norm-adv", "--stream", "--loss-agg", "seq-mean"])
+    assert (cfg.clip_high, cfg.norm_adv, cfg.stream, cfg.loss_agg) == (0.28, False, True, "seq-mean")
+
+
+def test_store_source_samples_whole_groups(server_factory):
+    server = server_factory()
+    cfg = trainer.TrainConfig(target=server.address, table="grpo", sample_timeout=10, samples_per_insert=0)
+    with Client(server.address) as client:
+        trainer.create_table(client, cfg, batch_size=8, group_size=4)
+        client.insert("grpo", trajectories(16, groups=4, reward=np.arange(16, dtype=np.float32)))
+        source = trainer.StoreSource(cfg, Dist(), "sample", 8)
+        got = source.next().rollouts
+        assert len(got) == 8
+        groups = got.group_index.tolist()
+        assert groups[:4] == [groups[0]] * 4 and groups[4:] == [groups[4]] * 4 and groups[0] != groups[4]
+        source.set_policy_version(3)
+        assert client.describe("grpo") is not None
+
+
+def test_store_source_streams_each_row_once_and_acks(server_factory):
+    server = server_factory()
+    cfg = trainer.TrainConfig(target=server.address, table="ppo", sample_timeout=5, samples_per_insert=0)
+    with Client(server.address) as client:
+        trainer.create_table(client, cfg, batch_size=6, group_size=None)
+        client.insert("ppo", trajectories(12))
+        source = trainer.StoreSource(cfg, Dist(), "stream", 6, group="t")
+        first, second = source.next(), source.next()
+        assert len(first.rollouts) >= 6 and len(second.rollouts) >= 6
+        first.ack()
+        second.ack()
+        stats = client.stats("ppo")["ppo"]
+        acked = [v for k, v in stats.items() if k.startswith("group.t.") and "acked" in k]
+        assert acked and acked[0] == 12
+
+
+def test_the_rate_limited_table_lets_a_producer_and_the_trainer_alternate(server_factory):
+    server = server_factory()
+    cfg = trainer.TrainConfig(target=server.address, table="rl", sample_timeout=5)
+    with Client(server.address) as client:
+        trainer.create_table(client, cfg, batch_size=16, group_size=4)
+        source = trainer.StoreSource(cfg, Dist(), "sample", 16)
+        for k in range(3):  # a producer inserting groups of 4, a trainer sampling 16: neither stalls
+            for g in range(4):
+                client.insert("rl", trajectories(4, groups=1, id_prefix=f"s{k}g{g}"), timeout=5)
+            assert len(source.next().rollouts) == 16
