@@ -6,7 +6,7 @@ Five measurements, each against a ceiling measured in the same run where one exi
    durable table (tiers "ssd", memory cache 256 MiB) at durability memory, wal, fsync;
    ceilings: raw rocksdict ``write`` of the same encoded blocks under the same keys (one
    WriteBatch per insert; WAL unsynced, or ``flush_wal(sync=True)`` per batch), and raw
-   ``codec.encode`` + write (what any engine storing our format must pay). Then 4 threads
+   ``codec.encode_block`` + write (what any engine storing our format must pay). Then 4 threads
    inserting at fsync (group commit) against 4 threads of raw write + flush_wal. Each
    config gets its own data dir; configs alternate per round; median of rounds.
 2. sample(256), uniform, p50/p99 when the data sits in memory (durable table, cache
@@ -17,7 +17,7 @@ Five measurements, each against a ceiling measured in the same run where one exi
    steady state after it (cache larger than the data), and with a 1 MiB cache (every
    sample cold).
 3. ``codec.encode``/``decode`` (zstd-1 Arrow IPC + CRC): ratio and MB/s of Arrow bytes,
-   on one 256-row batch whole and in the SSD tier's ~256 KiB blocks, realistic tokens vs
+   on one 256-row batch whole (encode) and in the SSD tier's ~64 KiB blocks (encode_block), realistic tokens vs
    the uniform tokens of ``expstore.synthetic``.
 4. restart of 1M items (64 tokens each; --quick: 100k): a child process builds each data
    dir (the two at once) (inserts of 2048 rows, one sample(256) after each) and exits without closing (a
@@ -190,7 +190,7 @@ def _insert_raw(root: Path, encoded: list[list[bytes]], pool_batches: list[pa.Re
     def one(i: int):
         with lock:
             chunk = next(counter)
-        values = [codec.encode(b) for b in blocks(pool_batches[i % len(pool_batches)])] if encode \
+        values = [codec.encode_block(b) for b in blocks(pool_batches[i % len(pool_batches)])] if encode \
             else encoded[i % len(encoded)]
         wb = WriteBatch(raw_mode=True)
         prefix = (1).to_bytes(4, "big") + chunk.to_bytes(8, "big")
@@ -230,7 +230,7 @@ def _run_threads(work, n: int, threads: int) -> None:
 def bench_insert(tmp: Path, quick: bool) -> dict:
     data = pool()
     batches = [_batch(t) for t in data]
-    encoded = [[codec.encode(b) for b in blocks(rb)] for rb in batches]
+    encoded = [[codec.encode_block(b) for b in blocks(rb)] for rb in batches]
     arrow = float(np.mean([t.nbytes for t in data]))
     stored = float(np.mean([sum(map(len, e)) for e in encoded]))
     rounds, n = (1, 5) if quick else (3, 12)
@@ -349,11 +349,15 @@ def bench_codec(quick: bool) -> dict:
             "synthetic (uniform 50k)": _batch(trajectories(BATCH, tokens=TOKENS, seed=7))}
     out = {}
     for label, rb in data.items():
-        for unit, parts in (("batch", [rb]), ("256 KiB blocks", blocks(rb))):
+        for unit, parts in (("batch", [rb]), (f"{BLOCK_BYTES >> 10} KiB blocks", blocks(rb))):
             arrow = rb.get_total_buffer_size()
-            enc = [codec.encode(p) for p in parts]
-            t_enc = min(_timed(lambda: [codec.encode(p) for p in parts], reps))
-            t_dec = min(_timed(lambda: [codec.decode(e, "bench") for e in enc], reps))
+            if unit == "batch":  # a self-describing IPC stream
+                encode, decode = codec.encode, lambda e: codec.decode(e, "bench")
+            else:  # the SSD tier's blocks: record batch messages, the schema kept once per chunk
+                encode, decode = codec.encode_block, lambda e: codec.decode_block(e, rb.schema, "bench")
+            enc = [encode(p) for p in parts]
+            t_enc = min(_timed(lambda: [encode(p) for p in parts], reps))
+            t_dec = min(_timed(lambda: [decode(e) for e in enc], reps))
             out[f"{label}, {unit}"] = {"arrow_bytes": arrow, "encoded_bytes": sum(map(len, enc)), "values": len(parts),
                                        "ratio": arrow / sum(map(len, enc)), "encode_MB_per_s": arrow / t_enc / 1e6,
                                        "decode_MB_per_s": arrow / t_dec / 1e6}
@@ -586,7 +590,7 @@ def render(t: dict) -> str:
               f"MB zstd); {ins['batches_per_round']} batches/round, median of {ins['rounds']} rounds, fresh data dir each",
               _table(["config", "items/s", "Arrow MB/s", "stored MB/s", "p50 ms", "p99 ms", "ratio",
                       "vs raw encode+put"], rows),
-              "   raw put: pre-encoded blocks, one WriteBatch per insert; raw encode+put adds codec.encode "
+              "   raw put: pre-encoded blocks, one WriteBatch per insert; raw encode+put adds codec.encode_block "
               "of the blocks; fsync: flush_wal(sync=True) after each batch"])]
 
     s = t["sample"]
