@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
+from expstore.proto import arrow_ipc
 from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.proto.service import client_stub
 
@@ -181,6 +182,24 @@ class Client:
 
     def stats(self, table: str | None = None) -> dict[str, dict[str, float]]:
         return _codec.stats(self._call(self._stub.Stats, pb.StatsRequest(table=table or "")))
+
+    def query(self, sql: str, *, max_rows: int = 0, timeout: float | None = None) -> pa.RecordBatchReader:
+        """Run one SELECT on the server (docs/cli.md, "query"): its record batches as they
+        arrive, at most ``max_rows`` rows (0: all). Each batch points into its received
+        message: no copy. The first message is awaited here (it carries the schema)."""
+        messages = iter(self._call(self._stub.Query, pb.QueryRequest(sql=sql, max_rows=max_rows), timeout))
+        first = arrow_ipc.decode(next(messages)[1])
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            yield from first.to_batches()
+            for _, payload in messages:
+                yield from arrow_ipc.decode(payload).to_batches()
+
+        return pa.RecordBatchReader.from_batches(first.schema, batches())
+
+    def query_table(self, sql: str, *, max_rows: int = 0, timeout: float | None = None) -> pa.Table:
+        """The whole result of ``query`` as one table."""
+        return self.query(sql, max_rows=max_rows, timeout=timeout).read_all()
 
     # -- training cuts and checkpoints ------------------------------------------------
 

@@ -23,8 +23,10 @@ from typing import Any, Callable
 import grpc
 import numpy as np
 
+from expstore import query
 from expstore.errors import DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument, Unavailable
-from expstore.proto.service import Malformed
+from expstore.proto import arrow_ipc, framing
+from expstore.proto.service import ROWS_PAYLOAD, Malformed
 from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.store import Store
 from expstore.table import Table
@@ -278,6 +280,29 @@ class Servicer:
         tables = [self.store.table(request.table)] if request.table else self.store.tables()
         stats = await self._run(lambda: [(t.name, t.stats()) for t in tables])
         return pb.StatsResponse(tables=[pb.TableStats(table=name, values=values) for name, values in stats])
+
+    @rpc("reader")
+    async def Query(self, request, context, call):
+        reader = await self._run(lambda: query.query(query.store_sources(self.store), request.sql,
+                                                     max_rows=request.max_rows))
+
+        def encode(data) -> bytes:
+            return framing.encode(pb.RowsResponse(), ROWS_PAYLOAD, arrow_ipc.encode(data))
+
+        def next_messages() -> list[bytes] | None:  # one result batch, on an engine thread
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return None
+            return [encode(part) for part in arrow_ipc.split_rows(batch, self.config.message_bytes)]
+
+        sent = False
+        while (messages := await self._run(next_messages)) is not None:
+            for msg in messages:
+                sent = True
+                yield msg
+        if not sent:  # an empty result still tells the client its schema
+            yield await self._run(encode, reader.schema.empty_table())
 
     # -- training cuts and checkpoints ------------------------------------------------
 

@@ -279,6 +279,14 @@ class GetRequest(_message.Message):
     compress: bool
     def __init__(self, table: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ..., compress: _Optional[bool] = ...) -> None: ...
 
+class QueryRequest(_message.Message):
+    __slots__ = ("sql", "max_rows")
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    sql: str
+    max_rows: int
+    def __init__(self, sql: _Optional[str] = ..., max_rows: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ("table",)
     TABLE_FIELD_NUMBER: _ClassVar[int]

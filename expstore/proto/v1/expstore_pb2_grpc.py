@@ -94,6 +94,11 @@ class ExperienceStoreStub:
                 request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
                 response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.Query = channel.unary_stream(
+                '/expstore.v1.ExperienceStore/Query',
+                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.QueryRequest.SerializeToString,
+                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+                _registered_method=True)
         self.CommitCut = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/CommitCut',
                 request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutRequest.SerializeToString,
@@ -197,6 +202,14 @@ class ExperienceStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Query(self, request, context):
+        """SQL over every table (role reader): the result as a stream of Arrow batches, one
+        IPC stream per message (RowsResponse.arrow_ipc only; the per-row facts are empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CommitCut(self, request, context):
         """Training cuts (role trainer): ack what step N consumed and remember the stream
         position, atomically; rewind a consumer group to a cut; what did step N train on.
@@ -286,6 +299,11 @@ def add_ExperienceStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.FromString,
                     response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.SerializeToString,
+            ),
+            'Query': grpc.unary_stream_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.QueryRequest.FromString,
+                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
             ),
             'CommitCut': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitCut,
@@ -632,6 +650,33 @@ class ExperienceStore:
             '/expstore.v1.ExperienceStore/Stats',
             expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
             expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/Query',
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.QueryRequest.SerializeToString,
+            expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
             options,
             channel_credentials,
             insecure,
