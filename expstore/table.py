@@ -708,8 +708,8 @@ class Table:
         try:
             while parts:
                 snap, inserted_at, tier = parts.pop(0)
-                rows = self._gather(snap)
-                data = rows.data.select(names)
+                rows = self._gather(snap, names)
+                data = rows.data
                 for name, values in (("item_id", pa.array(rows.item_ids, pa.uint64())),
                                      ("priority", pa.array(rows.priorities, pa.float64())),
                                      ("times_sampled", pa.array(rows.times_sampled, pa.int64())),
@@ -802,12 +802,16 @@ class Table:
             times_sampled=ix["times_sampled"][slots], policy_versions=ix["policy_version"][slots],
             probabilities=probabilities, weights=weights)
 
-    def _gather(self, snap: "_Snapshot") -> Rows:
-        """Read and copy the rows out of their chunks (no lock held: chunks are immutable
-        and the plan pinned those not in memory), then unpin."""
+    def _gather(self, snap: "_Snapshot", columns: list[str] | None = None) -> Rows:
+        """Read and copy the rows (``columns`` of them) out of their chunks (no lock held:
+        chunks are immutable and the plan pinned those not in memory), then unpin."""
         try:
             batches, keys, rows = self._chunks.placement.fetch(snap.plan)
-            data = take_rows(batches, keys, rows, self.schema)
+            schema = self.schema
+            if columns is not None:  # select first: only these columns are copied
+                batches = {k: b.select(columns) for k, b in batches.items()}
+                schema = pa.schema([self.schema.field(c) for c in columns])
+            data = take_rows(batches, keys, rows, schema)
         finally:
             if snap.plan.pinned:
                 with self._cond:
