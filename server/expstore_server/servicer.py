@@ -56,18 +56,21 @@ def rpc(role: str, *, audit: bool = False):
     """Wrap a handler: authenticate, run, map engine errors to statuses, audit.
 
     Works for unary-response handlers (coroutines) and server-streaming ones (async
-    generators). Unexpected exceptions become INTERNAL without leaking internals.
+    generators, whose messages go out as they are made: a large Query result never sits
+    whole in memory; audited once, at the first message). Unexpected exceptions become
+    INTERNAL without leaking internals.
     """
 
     def decorate(handler):
         method = handler.__name__
 
-        async def guard(self: "Servicer", call: Call, context, body):
+        async def guard(self: "Servicer", call: Call, context, body, *, first: bool = True):
             status, message = grpc.StatusCode.OK, ""
             try:
-                principal = self.auth.identify(context.invocation_metadata())
-                call.who = principal.name
-                self.auth.authorize(principal, role)
+                if first:
+                    principal = self.auth.identify(context.invocation_metadata())
+                    call.who = principal.name
+                    self.auth.authorize(principal, role)
                 return await body()
             except ExpstoreError as e:
                 status, message = status_of(e), str(e)
@@ -78,7 +81,7 @@ def rpc(role: str, *, audit: bool = False):
                 log.exception("internal error", extra={"method": method, "table": call.table})
                 status, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
             finally:  # queued before the status goes out
-                if audit and self.audit is not None:
+                if audit and first and self.audit is not None:
                     self.audit.record(who=call.who, method=method, table=call.table,
                                       outcome=status.name, detail=call.detail)
             await context.abort(status, message)
@@ -87,15 +90,18 @@ def rpc(role: str, *, audit: bool = False):
             @functools.wraps(handler)
             async def streaming(self, request, context):
                 call = Call(method, table=_table_of(request))
-                messages: list = []
+                messages = None
 
-                async def body():
+                async def start():
+                    nonlocal messages
                     _check_parsed(request, method)
-                    messages.extend([m async for m in handler(self, request, context, call)])
+                    messages = handler(self, request, context, call)
+                    return await _next(messages)
 
-                await guard(self, call, context, body)
-                for m in messages:
-                    yield m
+                message = await guard(self, call, context, start)
+                while message is not _END:
+                    yield message
+                    message = await guard(self, call, context, lambda: _next(messages), first=False)
             return streaming
 
         @functools.wraps(handler)
@@ -110,6 +116,18 @@ def rpc(role: str, *, audit: bool = False):
         return unary
 
     return decorate
+
+
+_END = object()
+
+
+async def _next(messages):
+    """The next message of an async generator, or _END (StopAsyncIteration would be an
+    error to the guard)."""
+    try:
+        return await messages.__anext__()
+    except StopAsyncIteration:
+        return _END
 
 
 def _table_of(request) -> str | None:
