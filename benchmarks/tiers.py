@@ -65,6 +65,7 @@ from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteStore, RemoteTier
 from expstore.tiers.rocks import BLOCK_BYTES
 
+from .report import _f, _table
 from .wire import relabel
 
 BATCH = 256
@@ -554,18 +555,6 @@ def run(quick: bool) -> dict:
 
 
 # -- the tables ---------------------------------------------------------------------------
-
-def _table(headers: list[str], rows: list[list], align_left: int = 1) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(r):
-        return "  ".join(c.ljust(w) if i < align_left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
-
-
-def _f(x: float, digits: int = 0) -> str:
-    return f"{x:,.{digits}f}"
 
 
 def render(t: dict) -> str:
