@@ -150,15 +150,6 @@ def test_a_corrupt_block_is_data_loss_naming_the_chunk_never_rows(tmp_path):
     store.close()
 
 
-def test_codec_rejects_truncation_and_garbage():
-    batch = trajectories(3, tokens=16).to_batches()[0]
-    data = codec.encode(batch)
-    assert codec.decode(data, "x").equals(batch)
-    for bad in (data[:-7], data[:6], b"nonsense", data[:8] + b"\x00" * (len(data) - 8)):
-        with pytest.raises(DataLoss):
-            codec.decode(bad, "x")
-
-
 def test_journal_records_round_trip():
     fields = {"ids": np.arange(5, dtype=np.uint64), "stored": np.array([True, False]), "keys": ["a", "b"],
               "groups": None, "n": 3, "reason": "max_size", "deadline": 1.5}
@@ -266,7 +257,7 @@ def test_blocks_reject_damage():
     batch = trajectories(2, tokens=16).to_batches()[0]
     data = codec.encode_block(batch)
     assert codec.decode_block(data, batch.schema, "x").equals(batch)
-    for bad in (data[:-3], data[:5], codec.encode(batch)):
+    for bad in (data[:-3], data[:5], b"nonsense", data[:8] + b"\x00" * (len(data) - 8)):
         with pytest.raises(DataLoss):
             codec.decode_block(bad, batch.schema, "x")
 
