@@ -334,9 +334,11 @@ class Table:
         self._sampler.insert(items)
         self._remover.insert(items)
         self._allowance += self.spec.max_times_sampled * len(items)
-        self._limiter.insert(n)
+        # Rows too stale to store never count for the rate limiter: counted as inserts no
+        # sample could ever match, they would hold producers back while the sampler starves.
+        self._limiter.insert(int(stored.sum()))
         if not stored.all():
-            self._forget(slots[~stored], "stale")  # never stored in a tier or a selector
+            self._forget(slots[~stored], "stale", limited=False)  # never in a tier or a selector
         self._remove(self._sampler.rejected(), "zero_variance", log=False)  # replay redoes it
         self.counters["inserts"] += n
 
@@ -918,9 +920,10 @@ class Table:
         self.counters["compactions"] += 1
         self.counters["compacted_rows"] += len(slots)
 
-    def _forget(self, slots: np.ndarray, reason: str) -> None:
+    def _forget(self, slots: np.ndarray, reason: str, *, limited: bool = True) -> None:
         """Drop items from the index and the key map (remembering keys for dedup)."""
-        self._limiter.delete(len(slots))
+        if limited:
+            self._limiter.delete(len(slots))
         if self._keys is not None:
             self._keys.remove(slots, self._index["id"][slots])
         self._index.remove(slots)

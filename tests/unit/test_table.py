@@ -934,3 +934,13 @@ def test_payloads_follow_their_ids_through_evictions_and_compactions(steps):
             assert traj_ids(t.get(live)) == [owner[i] for i in live]
     finally:
         ChunkStore.COMPACT_MIN_BYTES, ChunkStore.MERGE_BYTES = saved
+
+
+def test_rows_too_stale_to_store_do_not_use_up_the_rate_limiters_inserts():
+    t = make(max_staleness=1, rate_limiter=RateLimiterSpec("sample_to_insert_ratio", samples_per_insert=1.0,
+                                                           min_size_to_sample=1, error_buffer=8))
+    t.set_policy_version(5)
+    for i in range(10):  # a lagging producer: 40 rows dropped as stale, none stored
+        assert t.insert(traj(4, prefix=f"old{i}", policy_version=0), timeout=0).num_stale == 4
+    assert t.insert(traj(4, prefix="fresh", policy_version=5), timeout=0).num_inserted == 4
+    assert t.stats()["rate_limiter_inserts"] == 4 and len(t) == 4
