@@ -82,9 +82,11 @@ class TrainConfig:
     # store
     max_staleness: int = 4
     """items older than current version - max_staleness are dropped by the store"""
-    samples_per_insert: float = 1.0
-    """rate limiter between producers and trainer (0: none; at most 1, as each row is
-    sampled once; streaming needs 0)"""
+    samples_per_insert: float = 0.0
+    """rate limiter between producers and trainer (0: none, the default; at most 1, as
+    each row is sampled once; streaming needs 0). Off by default: rows the store drops
+    as stale still count as inserts, so with a tight buffer a lagging producer could be
+    held back while the sampler starves (seen in CI)"""
     sample_timeout: float = 120.0
     """seconds to wait for a batch"""
     checkpoint_every: int = 50
