@@ -21,7 +21,7 @@ from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
 from expstore.synthetic import trajectories
 
-__all__ = ["pb", "pb_grpc", "arrow_ipc", "trajectories", "start_server", "rpc_error", "raw_stub",
+__all__ = ["pb", "pb_grpc", "arrow_ipc", "trajectories", "start_server", "rpc_error", "raw_stub", "stored_traj_ids",
            "with_loss_mask", "num_items", "audit_lines", "wait_until", "insert_requests", "ipc_bytes"]
 
 
@@ -136,3 +136,11 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
+
+
+def stored_traj_ids(client, table: str, group: str) -> list[str]:
+    """Every stored trajectory's traj_id, read once through a fresh consumer group."""
+    out: list[str] = []
+    for batch in client.stream(table, group, 512, poll_timeout=0.5, idle_timeout=1.0):
+        out += batch.column("traj_id").to_pylist()
+    return out

@@ -14,16 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from expstore_client import Client
 
-from ._util import rpc_error, start_server, trajectories, wait_until
+from ._util import rpc_error, start_server, stored_traj_ids, trajectories, wait_until
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def stored_ids(client: Client, table: str, group: str) -> list[str]:
-    out: list[str] = []
-    for batch in client.stream(table, group, 512, poll_timeout=0.5, idle_timeout=1.0):
-        out += batch.column("traj_id").to_pylist()
-    return out
 
 
 def test_checkpoint_does_not_block_inserts_and_restores_into_a_fresh_data_dir(tmp_path):
@@ -53,7 +46,7 @@ def test_checkpoint_does_not_block_inserts_and_restores_into_a_fresh_data_dir(tm
     server.stop()
 
     restored = start_server(tmp_path / "b", None, remote, "--restore-checkpoint", "ckpt-1")
-    ids = stored_ids(Client(restored.address), "t", "check")
+    ids = stored_traj_ids(Client(restored.address), "t", "check")
     assert {f"before-{i}" for i in range(300)} <= set(ids) and len(ids) == len(set(ids))
     restored.stop()
     # Restoring needs an empty data dir and a sealed checkpoint.
@@ -94,7 +87,7 @@ def test_a_server_on_s3_checkpoints_there_and_reports_its_remote_tier_healthy(tm
         server.stop(signal.SIGTERM)
         restored = start_server(tmp_path / "b", config, "--restore-checkpoint", "s3-ckpt", env=env)
         rc = Client(restored.address)
-        assert sorted(stored_ids(rc, "t", "check")) == sorted(f"x-{i}" for i in range(200))
+        assert sorted(stored_traj_ids(rc, "t", "check")) == sorted(f"x-{i}" for i in range(200))
         restored.stop()
     finally:
         s3.stop()

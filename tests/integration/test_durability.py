@@ -15,17 +15,9 @@ import pytest
 
 from expstore_client import Client
 
-from ._util import rpc_error, start_server, trajectories, wait_until
+from ._util import rpc_error, start_server, stored_traj_ids, trajectories, wait_until
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def traj_ids(client: Client, table: str, group: str) -> list[str]:
-    """Every stored trajectory's traj_id, read once through a fresh consumer group."""
-    out: list[str] = []
-    for batch in client.stream(table, group, 512, poll_timeout=0.5, idle_timeout=1.0):
-        out += batch.column("traj_id").to_pylist()
-    return out
 
 
 def restart(server):
@@ -62,7 +54,7 @@ def test_kill_9_during_inserts_loses_no_acknowledged_row_and_duplicates_none(tmp
         server = start_server(server.data_dir)
         # A retry of the last acknowledged batch is a duplicate, never a second copy.
         client = Client(server.address)
-        stored = traj_ids(client, "t", f"check{round_}")
+        stored = stored_traj_ids(client, "t", f"check{round_}")
         assert len(stored) == len(set(stored)), "a row is stored twice"
         assert set(acknowledged) <= set(stored), f"lost {len(set(acknowledged) - set(stored))} acknowledged rows"
         again = client.insert("t", trajectories(16, tokens=64, id_prefix=f"r{round_}-0-", seed=0))
