@@ -103,6 +103,13 @@ class ItemIndex:
         """All live slots, in id order."""
         return self.slots_from(0, self._size)
 
+    def count_from(self, first_id: int) -> int:
+        """Live items with id >= first_id (a consumer group's lag): vectorised over the
+        log entries from there on."""
+        start = int(np.searchsorted(self._log_ids[:self._log_len], np.uint64(first_id)))
+        s = self._log_slots[start:self._log_len]
+        return int((self.live[s] & (self.cols["id"][s] == self._log_ids[start:self._log_len])).sum())
+
     def slots_from(self, first_id: int, limit: int) -> np.ndarray:
         """Up to ``limit`` live slots with id >= first_id, in id order."""
         start = int(np.searchsorted(self._log_ids[:self._log_len], np.uint64(first_id)))

@@ -104,6 +104,9 @@ class Store:
             raise NotFound(self._unknown(name))
         return table
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._tables
+
     def tables(self) -> list[Table]:
         with self._lock:
             return sorted(self._tables.values(), key=lambda t: t.name)

@@ -51,6 +51,8 @@ DEFAULT_VISIBILITY_TIMEOUT = 60.0
 MANIFESTS_IN_MEMORY = 10_000  # steps a volatile table remembers
 # Samplers whose selections are i.i.d.: their rows may be returned in storage order.
 _UNORDERED = ("uniform", "prioritized")
+# Upper bounds (policy versions behind the table's) of the staleness counts in stats.
+STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,8 @@ class Table:
         self._allowance = 0
         self.policy_version = 0
         self.counters: Counter[str] = Counter()
+        # Items returned by sample / stream per staleness bucket (the last: beyond them all).
+        self._staleness = {op: np.zeros(len(STALENESS_BUCKETS) + 1, np.int64) for op in ("sample", "stream")}
 
     # -- inserts ----------------------------------------------------------------------
 
@@ -381,6 +385,7 @@ class Table:
                 slots, probabilities, weights = slots[order], probabilities[order], weights[order]
             self._log("sampled", ids=self._index["id"][slots], n=n)
             self._sampled(n)
+            self._record_staleness("sample", slots)
             if step is not None:
                 self._record_manifest(step, slots)
             rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
@@ -393,6 +398,14 @@ class Table:
             self._allowance -= n
         self._limiter.sample(n)
         self.counters["samples"] += n
+
+    def _record_staleness(self, op: str, slots: np.ndarray) -> None:
+        """Count returned items by how many policy versions they are behind the table's
+        (ahead of it counts as 0): one vectorised bucketing per batch, for the stats."""
+        behind = np.maximum(self.policy_version - self._index["policy_version"][slots], 0)
+        self._staleness[op] += np.bincount(np.searchsorted(STALENESS_BUCKETS, behind),
+                                           minlength=len(STALENESS_BUCKETS) + 1)
+        self.counters[f"staleness.{op}.sum"] += int(behind.sum())
 
     def _sample_capped(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Sample with replacement while no item exceeds max_times_sampled, as Reverb's
@@ -494,6 +507,7 @@ class Table:
             g.deliver(fresh, again, now + visibility_timeout)
             slots = np.concatenate([again_slots, fresh_slots])
             self.counters["stream_deliveries"] += len(slots)
+            self._record_staleness("stream", slots)
             rows = self._snapshot(slots)
             if self._chunks.placement.durable:  # the chunks of the next 2n unread items
                 self._read_ahead(np.unique(self._index["chunk"][self._index.slots_from(g.position, 2 * n)]).tolist())
@@ -758,9 +772,14 @@ class Table:
                     s[f"rate_limiter_{k}"] = float(v)
             for k, v in self._sampler.stats().items():
                 s[f"sampler.{k}"] = v
+            for op, counts in self._staleness.items():
+                for bound, n in zip(STALENESS_BUCKETS, np.cumsum(counts).tolist()):
+                    s[f"staleness.{op}.le_{bound}"] = n
+                s[f"staleness.{op}.sum"] = self.counters[f"staleness.{op}.sum"]
             for name, g in self._consumers.items():
                 for k, v in g.stats().items():
                     s[f"group.{name}.{k}"] = v
+                s[f"group.{name}.lag"] = self._index.count_from(g.position)
             return s
 
     # -- lifecycle --------------------------------------------------------------------

@@ -74,6 +74,7 @@ class ServerConfig:
     tls_key: str | None = None
     min_free_disk_bytes: int = 256 << 20  # inserts are refused below this much free disk
     demote_interval_s: float = 1.0  # how often the mover checks SSD watermarks
+    metrics_port: int = 0  # Prometheus metrics over HTTP on this port of host; 0: off
     tokens: tuple[TokenConfig, ...] = ()
     tables: tuple[TableSpec, ...] = field(default_factory=tuple)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
@@ -85,6 +86,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"port must be in 0..65535, got {self.port}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise InvalidArgument(f"metrics_port must be in 0..65535 (0: off), got {self.metrics_port}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert and tls_key go together")
         if self.log_level not in LOG_LEVELS:

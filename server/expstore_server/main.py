@@ -35,6 +35,7 @@ from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, la
 from . import config as config_mod
 from .audit import AuditLog
 from .auth import Authenticator
+from .metrics import ServerMetrics
 from .servicer import Servicer
 
 log = logging.getLogger("expstore.server")
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default 50051)")
     p.add_argument("--data-dir", help="data directory (default ./expstore-data)")
     p.add_argument("--workers", type=int, help="engine threads (default 2)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
+                                                    "of --host (default 0: off)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tls-cert", help="PEM certificate chain; enables TLS with --tls-key")
     p.add_argument("--tls-key", help="PEM private key")
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_config(args: argparse.Namespace) -> config_mod.ServerConfig:
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir,
-                 "workers": args.workers, "log_level": args.log_level,
+                 "workers": args.workers, "log_level": args.log_level, "metrics_port": args.metrics_port,
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key}
     cfg = config_mod.load(args.config, overrides)
     if args.remote_uri:
@@ -119,7 +122,8 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
     store, checkpointer = open_store(cfg, restore_checkpoint)
     store.start_mover(cfg.demote_interval_s)
     audit = AuditLog(cfg.audit_path)
-    servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit, checkpointer)
+    metrics = ServerMetrics(store)
+    servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit, checkpointer, metrics)
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                ("grpc.max_send_message_length", cfg.max_message_bytes),
                ("grpc.so_reuseport", 0)]
@@ -140,6 +144,12 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
         port = server.add_insecure_port(address)
     if port == 0:
         raise ExpstoreError(f"could not bind {address}")
+    if cfg.metrics_port:
+        try:
+            metrics.start_http(cfg.host, cfg.metrics_port, cfg.tls_cert, cfg.tls_key)
+        except OSError as e:
+            raise ExpstoreError(f"cannot bind metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
+        log.info("metrics", extra={"host": cfg.host, "port": cfg.metrics_port, "tls": bool(cfg.tls_cert)})
     await server.start()
     for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -163,6 +173,7 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
     stopping = asyncio.create_task(server.stop(cfg.grace_s))
     await servicer.drain()
     await stopping
+    metrics.close()
     store.close()
     servicer.close()
     audit.close()

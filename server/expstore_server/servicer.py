@@ -17,7 +17,7 @@ import logging
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import grpc
@@ -36,6 +36,7 @@ from .audit import AuditLog
 from .auth import ANY_ROLE, Authenticator
 from .config import ServerConfig
 from .errors import status_of
+from .metrics import ServerMetrics, wire_size
 
 log = logging.getLogger("expstore.server")
 _DURABILITY = {pb.DURABILITY_UNSPECIFIED: None, pb.DURABILITY_MEMORY: "memory",
@@ -44,16 +45,22 @@ _DURABILITY = {pb.DURABILITY_UNSPECIFIED: None, pb.DURABILITY_MEMORY: "memory",
 
 @dataclass
 class Call:
-    """What the audit log and error messages need to know about one RPC."""
+    """What the audit log, error messages and metrics need to know about one RPC."""
 
     method: str
     who: str = "anonymous"
     table: str | None = None
     detail: str | None = None
+    status: grpc.StatusCode = grpc.StatusCode.OK
+    started: float = field(default_factory=time.perf_counter)
+    bytes_in: int = 0
+    bytes_out: int = 0
 
 
 def rpc(role: str, *, audit: bool = False):
-    """Wrap a handler: authenticate, run, map engine errors to statuses, audit.
+    """Wrap a handler: authenticate, run, map engine errors to statuses, audit, and
+    record the call's metrics as it ends, before its status goes out (a client that
+    went away mid-stream counts as CANCELLED).
 
     Works for unary-response handlers (coroutines) and server-streaming ones (async
     generators, whose messages go out as they are made: a large Query result never sits
@@ -81,15 +88,18 @@ def rpc(role: str, *, audit: bool = False):
                 log.exception("internal error", extra={"method": method, "table": call.table})
                 status, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
             finally:  # queued before the status goes out
+                call.status = status
                 if audit and first and self.audit is not None:
                     self.audit.record(who=call.who, method=method, table=call.table,
                                       outcome=status.name, detail=call.detail)
+                if status != grpc.StatusCode.OK:  # the call ends here
+                    self.metrics.record(call)
             await context.abort(status, message)
 
         if inspect.isasyncgenfunction(handler):
             @functools.wraps(handler)
             async def streaming(self, request, context):
-                call = Call(method, table=_table_of(request))
+                call = Call(method, table=_table_of(request), bytes_in=wire_size(request))
                 messages = None
 
                 async def start():
@@ -100,19 +110,29 @@ def rpc(role: str, *, audit: bool = False):
 
                 message = await guard(self, call, context, start)
                 while message is not _END:
-                    yield message
+                    call.bytes_out += len(message)
+                    try:
+                        yield message
+                    except GeneratorExit:  # the client went away mid-stream
+                        call.status = grpc.StatusCode.CANCELLED
+                        self.metrics.record(call)
+                        raise
                     message = await guard(self, call, context, lambda: _next(messages), first=False)
+                self.metrics.record(call)
             return streaming
 
         @functools.wraps(handler)
         async def unary(self, request, context):
-            call = Call(method, table=_table_of(request))
+            call = Call(method, table=_table_of(request), bytes_in=wire_size(request))
 
             async def body():
                 _check_parsed(request, method)
                 return await handler(self, request, context, call)
 
-            return await guard(self, call, context, body)
+            response = await guard(self, call, context, body)
+            call.bytes_out = wire_size(response)
+            self.metrics.record(call)
+            return response
         return unary
 
     return decorate
@@ -161,8 +181,9 @@ class _ChangeSignal:
 
 class Servicer:
     def __init__(self, store: Store, config: ServerConfig, auth: Authenticator,
-                 audit: AuditLog | None, checkpoints=None) -> None:
+                 audit: AuditLog | None, checkpoints=None, metrics: ServerMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics if metrics is not None else ServerMetrics(store)
         self.checkpoints = checkpoints
         self.config = config
         self.auth = auth
@@ -200,6 +221,7 @@ class Servicer:
         async for item in request_iterator:
             _check_parsed(item, "Insert")
             req, payload = item
+            call.bytes_in += req.ByteSize() + len(payload)
             if first is None:
                 first = req
                 call.table = req.table
