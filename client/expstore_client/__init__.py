@@ -8,5 +8,8 @@ from .aio import AsyncClient
 from .batch import Ragged, SampleBatch
 from .batcher import InsertBatcher
 from .client import Client, InsertFuture
+from ._shard_errors import ShardedInsertError, ShardError
+from .sharded import ShardedClient, ShardedInsertFuture
 
-__all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult", "TableInfo"]
+__all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult", "TableInfo",
+           "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError"]

@@ -49,8 +49,10 @@ class Client:
 
     def __init__(self, target: str = "127.0.0.1:50051", token: str | None = None, *,
                  tls: bool | str | bytes | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        options = _codec.channel_options(max_message_bytes)
+                 message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 channel_options: Sequence[tuple[str, Any]] = ()) -> None:
+        """``channel_options``: extra gRPC channel arguments (e.g. reconnect backoff)."""
+        options = _codec.channel_options(max_message_bytes) + list(channel_options)
         creds = make_credentials(tls)
         self._channel = grpc.secure_channel(target, creds, options) if creds else \
             grpc.insecure_channel(target, options)

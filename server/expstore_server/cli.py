@@ -39,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="expstore", description="query, inspect and audit an expstore server or its data")
     p.add_argument("--server", default=os.environ.get("EXPSTORE_SERVER", DEFAULT_SERVER),
-                   help=f"server address (env EXPSTORE_SERVER, default {DEFAULT_SERVER})")
+                   help=f"server address, or shards as HOST:PORT,HOST:PORT,... (env EXPSTORE_SERVER, "
+                        f"default {DEFAULT_SERVER})")
     p.add_argument("--token", default=os.environ.get("EXPSTORE_TOKEN"), help="bearer token (env EXPSTORE_TOKEN)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per call to the server (default 60)")
     p.add_argument("--data-dir", help="offline: open a stopped server's data dir directly")
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("table")
     s = sub.add_parser("stats", help="counters of one table or all")
     s.add_argument("table", nargs="?")
+    s.add_argument("--watch", action="store_true", help="a live view: tiers, rates, waits, staleness, groups")
+    s.add_argument("--interval", type=float, default=2.0, help="--watch: seconds between refreshes (default 2)")
+    s.add_argument("--count", type=int, help="--watch: stop after this many refreshes (default: never)")
     s = sub.add_parser("query", help="run one SQL SELECT over the tables")
     s.add_argument("sql")
     s.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
@@ -92,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 class Online:
     def __init__(self, args) -> None:
-        from expstore_client import Client
+        from expstore_client import Client, ShardedClient
 
         self.where = args.server
-        self.client = Client(args.server, args.token, timeout=args.timeout)
+        sharded = "," in args.server  # a list of shards: docs/sharding.md
+        self.client = (ShardedClient if sharded else Client)(args.server, args.token, timeout=args.timeout)
 
     def tables(self) -> list[dict]:
         return [_table_row(t.name, t.config, t.num_items, t.policy_version) for t in self.client.list_tables()]
@@ -252,6 +257,10 @@ def cmd_describe(b, args, out) -> int:
 
 
 def cmd_stats(b, args, out) -> int:
+    if args.watch:
+        from .watch import watch
+
+        return watch(lambda: b.stats(args.table), out, interval=args.interval, count=args.count)
     for name, values in b.stats(args.table).items():
         out.write(f"{name}\n")
         width = max((len(k) for k in values), default=0)
@@ -407,13 +416,13 @@ def cmd_audit(b, args, out) -> int:
 
     quoted = '"' + args.table.replace('"', '""') + '"'
     where = f" WHERE {args.where}" if args.where else ""
-    total = b.query(f"SELECT count(*) AS n FROM {quoted}{where}").read_all().column(0)[0].as_py()
+    total = sum(b.query(f"SELECT count(*) AS n FROM {quoted}{where}").read_all().column(0).to_pylist())  # a row per shard
     if args.limit is not None:
         total = min(total, args.limit)
     # ORDER BY only with a limit: it makes the selection deterministic, but sorts it whole
     sql = f"SELECT * FROM {quoted}{where}" + (f" ORDER BY item_id LIMIT {int(args.limit)}" if args.limit is not None else "")
     try:
-        report = audit.audit(b.query(sql, timeout=AUDIT_STREAM_S), args.reward, tolerance=args.tolerance, workers=args.workers,
+        report = audit.audit(b.query(sql, args.limit or 0, timeout=AUDIT_STREAM_S), args.reward, tolerance=args.tolerance, workers=args.workers,
                              timeout=args.item_timeout, total=total, progress=args.progress)
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -462,8 +471,10 @@ def cmd_replay(b, args, out) -> int:
 
 
 def cmd_checkpoint(b, args, out) -> int:
-    info = b.checkpoint(args.name)
-    out.write(f"checkpoint {info['name']}: {info['num_bytes']} bytes to {info['uri']} in {info['seconds']:.2f} s\n")
+    infos = b.checkpoint(args.name)
+    for shard, info in ({"": infos} if "uri" in infos else infos).items():  # sharded: one per shard
+        out.write(f"{f'shard {shard}: ' if shard else ''}checkpoint {info['name']}: {info['num_bytes']} bytes "
+                  f"to {info['uri']} in {info['seconds']:.2f} s\n")
     return 0
 
 
