@@ -37,7 +37,8 @@ class SamplerSpec:
         ``group_size`` column is set must agree with it.
     drop_zero_variance: group only; complete groups whose rewards are all equal are
         removed instead of sampled (they carry no GRPO signal).
-    group_order: group only; "uniform" over complete groups, or "fifo" (oldest first).
+    group_order: group only; "uniform" over complete groups, "fifo" (oldest first) or
+        "lifo" (newest first).
     task_weights: optional mixing weights per ``task``; a batch is split across tasks
         by a multinomial draw over the tasks that have items. "*" weighs unlisted tasks;
         without it they are never sampled.
@@ -57,7 +58,7 @@ class SamplerSpec:
         _require(math.isfinite(self.beta) and self.beta >= 0, "sampler.beta must be a finite number >= 0")
         _require(self.group_size >= 0, "sampler.group_size must be >= 0")
         _require(self.type != "group" or self.group_size >= 1, "the group sampler needs group_size >= 1")
-        _one_of("sampler.group_order", self.group_order, ("uniform", "fifo"))
+        _one_of("sampler.group_order", self.group_order, ("uniform", "fifo", "lifo"))
         if self.task_weights is not None:
             _require(len(self.task_weights) > 0, "sampler.task_weights must not be empty")
             for task, w in self.task_weights.items():

@@ -6,9 +6,10 @@ Semantics (a group is the set of items sharing an ``Items.groups`` code):
   complete groups are ever returned, never a partial one. ``sample(n)`` needs n to be a
   multiple of ``group_size`` (else InvalidArgument) and returns ``n / group_size``
   DISTINCT groups, each group's members contiguous (in arrival order), chosen uniformly
-  among the complete groups (``order="uniform"``, a random subset in random order) or
-  oldest-completed first (``order="fifo"``; completion time is the id of the member that
-  completed the group). Sampling does not consume: the table removes what it must.
+  among the complete groups (``order="uniform"``, a random subset in random order),
+  oldest-completed first (``order="fifo"``) or newest-completed first (``order="lifo"``:
+  on-policy training takes the freshest groups and lets the others age out through
+  ``max_staleness``); completion time is the id of the member that completed the group. Sampling does not consume: the table removes what it must.
 - Items with ``groups == -1`` are held (counted in ``len``) but never eligible.
 - A group that loses a member (``remove``) is *broken*, for good: it is never eligible
   again and its remaining members are held until the table removes them. Later arrivals
@@ -23,12 +24,12 @@ Semantics (a group is the set of items sharing an ``Items.groups`` code):
   ``rejected()``. A group with any NaN reward (reward not set) is kept. A group of size 1
   always has zero variance. Rewards are taken as they were at insert.
 - Probabilities: ``1 / M`` per returned slot for uniform (the chance that one draw picks
-  the group among M complete groups), 1 for fifo; weights are 1.
+  the group among M complete groups), 1 for fifo and lifo; weights are 1.
 
 Structure: per group code (codes are dense) a state byte, an arrival count and a row; a
 row of the ``(rows, group_size)`` member matrix per forming or complete group (rows are
 recycled, so memory is ``O(codes ever seen)`` bytes plus ``O(live groups * group_size)``);
-the complete groups' rows in a ``Uniform`` or ``Fifo`` selector. Insert and remove are
+the complete groups' rows in a ``Uniform``, ``Fifo`` or ``Lifo`` selector. Insert and remove are
 O(k log k) (a sort of the batch by group), sample O(n); all vectorised.
 """
 
@@ -39,10 +40,11 @@ import numpy as np
 from ..errors import FailedPrecondition, InvalidArgument
 from ._util import EMPTY_SLOTS, as_slots, count, grown, unique
 from .base import Items, Selection, Selector
-from .ordered import Fifo
+from .ordered import Fifo, Lifo
 from .uniform import Uniform
 
 FORMING, COMPLETE, BROKEN, DROPPED = 0, 1, 2, 3
+ORDERS = {"uniform": Uniform, "fifo": Fifo, "lifo": Lifo}  # selectors of complete groups' rows
 
 
 class GroupSampler(Selector):
@@ -51,12 +53,12 @@ class GroupSampler(Selector):
     def __init__(self, group_size: int, drop_zero_variance: bool = False, order: str = "uniform") -> None:
         if int(group_size) < 1:
             raise InvalidArgument(f"the group sampler needs group_size >= 1, got {group_size}")
-        if order not in ("uniform", "fifo"):
-            raise InvalidArgument(f"group order must be 'uniform' or 'fifo', got {order!r}")
+        if order not in ORDERS:
+            raise InvalidArgument(f"group order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.group_size = int(group_size)
         self.drop_zero_variance = bool(drop_zero_variance)
         self.order = order
-        self._eligible = Uniform() if order == "uniform" else Fifo()  # rows of complete groups
+        self._eligible = ORDERS[order]()  # rows of complete groups
         self._state = np.empty(0, dtype=np.int8)     # by group code
         self._arrived = np.empty(0, dtype=np.int64)  # by group code
         self._row = np.empty(0, dtype=np.int64)      # by group code, -1: none
@@ -131,7 +133,7 @@ class GroupSampler(Selector):
                 self._row[codes[flat]] = -1
                 codes, rows, members = codes[~flat], rows[~flat], members[~flat]
         self._state[codes] = COMPLETE
-        if self.order == "fifo":
+        if self.order != "uniform":
             self._eligible.insert_pairs(rows, self._ids[members].max(axis=1))
         else:
             self._eligible.insert_slots(rows)
@@ -204,7 +206,7 @@ class GroupSampler(Selector):
         if k > m:
             raise FailedPrecondition(f"the group sampler cannot sample {k} groups ({n} items): "
                                      f"{m} complete group(s)")
-        if self.order == "fifo":
+        if self.order != "uniform":
             rows, p = self._eligible.sample(k).slots, 1.0
         else:
             rows, p = self._eligible.sample_distinct(k, rng), 1.0 / max(m, 1)

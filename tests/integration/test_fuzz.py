@@ -174,7 +174,7 @@ def table_configs(draw):
         ["uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap", "group", ""]), st.text(max_size=8))))
     for name, strategy in [("alpha", any_float), ("beta", any_float),
                            ("group_size", st.integers(-5, 10**6)), ("drop_zero_variance", st.booleans()),
-                           ("group_order", st.one_of(st.sampled_from(["uniform", "fifo"]), st.text(max_size=5)))]:
+                           ("group_order", st.one_of(st.sampled_from(["uniform", "fifo", "lifo"]), st.text(max_size=5)))]:
         value = draw(optional(strategy))
         if value is not None:
             setattr(sampler, name, value)

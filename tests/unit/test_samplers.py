@@ -335,6 +335,20 @@ def test_group_fifo_by_completion():
     assert len(g) == 5
 
 
+def test_group_lifo_by_completion():
+    g = GroupSampler(group_size=2, order="lifo")
+    g.insert(items([0, 1, 2], ids=[1, 2, 3], groups=[7, 8, 9]))
+    g.insert(items([3, 4], ids=[4, 5], groups=[9, 7]))   # 9 completes, then 7
+    g.insert(items([5], ids=[6], groups=[8]))            # 8 completes last
+    sel = g.sample(4, np.random.default_rng(0))
+    assert sel.slots.tolist() == [1, 5, 0, 4]
+    np.testing.assert_array_equal(sel.probabilities, 1.0)
+    g.remove(np.array([1]))  # group 8 breaks
+    assert g.sample(4, np.random.default_rng(0)).slots.tolist() == [0, 4, 2, 3]
+    g.insert(items([6, 7], ids=[7, 8], groups=[10, 10]))  # the newest again
+    assert g.sample(2, np.random.default_rng(0)).slots.tolist() == [6, 7]
+
+
 def test_group_broken_extra_and_ungrouped():
     g = GroupSampler(group_size=2)
     g.insert(items([0, 1, 2], ids=[1, 2, 3], groups=[0, 0, 0]))  # 3rd member of 0: rejected
@@ -368,7 +382,7 @@ def test_group_drop_zero_variance():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 4), st.booleans(), st.sampled_from(["uniform", "fifo"]),
+@given(st.integers(1, 4), st.booleans(), st.sampled_from(["uniform", "fifo", "lifo"]),
        st.lists(st.tuples(st.booleans(), st.integers(1, 12), st.integers(0, 2**31)),
                 min_size=1, max_size=25))
 def test_group_never_partial_property(size, drop, order, ops):

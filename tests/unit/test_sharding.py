@@ -210,7 +210,8 @@ def test_task_weights_count_only_weighted_tasks():
 
 
 @pytest.mark.parametrize("config", [{"type": "fifo"}, {"type": "max_heap"},
-                                    {"type": "group", "group_size": 2, "group_order": "fifo"}])
+                                    {"type": "group", "group_size": 2, "group_order": "fifo"},
+                                    {"type": "group", "group_size": 2, "group_order": "lifo"}])
 def test_samplers_with_a_global_order_have_no_union(config):
     with pytest.raises(ValueError, match="orders items across the whole table"):
         UnionSampler.of("t", config)
