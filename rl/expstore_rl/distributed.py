@@ -102,6 +102,13 @@ def shard(model: torch.nn.Module, d: Dist) -> torch.nn.Module:
     return model
 
 
+def gradient_sync(model: torch.nn.Module, enabled: bool) -> None:
+    """Whether the next backward reduce-scatters gradients (FSDP2); off, they accumulate
+    unsharded on each rank until a backward with sync on. A no-op for plain modules."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of a HF causal LM (``model.model.layers``) or of a model that
     wraps one as ``.backbone``."""

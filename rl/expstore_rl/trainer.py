@@ -22,7 +22,7 @@ import torch
 
 from . import checkpoint, weights
 from .batching import Rollouts, concat, from_sample_batch, micro_batches, minibatches
-from .distributed import Dist, clip_grad_norm, full_state_dict, shard
+from .distributed import Dist, clip_grad_norm, full_state_dict, gradient_sync, shard
 from .losses import aggregate, entropy, importance_weights, kl, normaliser, policy_loss
 from .model import ModelConfig, build_model, process_logits, token_logprobs
 
@@ -35,6 +35,8 @@ class TrainConfig:
     """address of the expstore server"""
     table: str = "rollouts"
     """trajectory table the producers insert into (created if missing)"""
+    token: str = ""
+    """bearer token with the trainer role ("": the server has no auth)"""
     weights_uri: str = "file:///tmp/expstore_rl/weights"
     """where versions are published (``<uri>/v<N>/``); a run starts from its newest version if any"""
     out: str = "runs/rl"
@@ -89,6 +91,10 @@ class TrainConfig:
     held back while the sampler starves (seen in CI)"""
     sample_timeout: float = 120.0
     """seconds to wait for a batch"""
+    sample_order: str = "lifo"
+    """which rows (GRPO: whole groups) a sampled batch takes: "lifo", the newest (least
+    stale; when producers outpace the trainer, older rows age out through max_staleness),
+    or "fifo", the oldest (every row is trained on unless it goes stale first)"""
     checkpoint_every: int = 50
     """steps between checkpoints (0: never; the last step always checkpoints)"""
     resume: bool = True
@@ -133,7 +139,7 @@ class StoreSource:
         from expstore_client import Client
 
         self.cfg, self.d, self.mode, self.batch_size, self.group = cfg, d, mode, batch_size, group
-        self.client = Client(cfg.target, timeout=cfg.sample_timeout) if d.main else None
+        self.client = Client(cfg.target, cfg.token or None, timeout=cfg.sample_timeout) if d.main else None
         self._stream = None
 
     def next(self) -> Sampled:
@@ -168,14 +174,17 @@ class StoreSource:
 
 
 def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | None, insert_size: int = 8) -> None:
-    """The rollouts table, if missing: the group sampler (whole groups, oldest first) for
-    GRPO, FIFO otherwise; each row sampled once; rows older than max_staleness versions
-    dropped. With samples_per_insert > 0, a rate limiter keeps producers about one batch
+    """The rollouts table, if missing: whole groups from the group sampler for GRPO, else
+    single rows; newest or oldest first (``sample_order``); each row sampled once; rows
+    older than max_staleness versions dropped. With samples_per_insert > 0, a rate limiter keeps producers about one batch
     ahead of the trainer (staleness stays near 1 instead of piling up at the gate): the
     window spi * batch/2 +- (batch + insert_size)/2 is the narrowest in which neither
     side can stall the other (docs/semantics.md). Streams bypass the limiter, so a
     streaming trainer needs samples_per_insert 0."""
-    sampler = {"type": "group", "group_size": group_size, "group_order": "fifo"} if group_size else "fifo"
+    if cfg.sample_order not in ("lifo", "fifo"):
+        raise ValueError(f"sample_order must be 'lifo' or 'fifo', got {cfg.sample_order!r}")
+    sampler = ({"type": "group", "group_size": group_size, "group_order": cfg.sample_order} if group_size
+               else cfg.sample_order)
     limiter = None
     if cfg.samples_per_insert > 0:
         spi, insert_size = cfg.samples_per_insert, group_size or insert_size
@@ -316,7 +325,10 @@ def optimise(rollouts: Rollouts, objective: Objective, models: list[torch.nn.Mod
             norm = float(d.all_reduce(torch.tensor([normaliser(mini.loss_mask, cfg.loss_agg)])))
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
-            for index, weight in synced_micro_batches(mini, cfg.token_budget, d):
+            parts = synced_micro_batches(mini, cfg.token_budget, d)
+            for k, (index, weight) in enumerate(parts):
+                for model in models:  # reduce-scatter once per minibatch, after its last backward
+                    gradient_sync(model, k == len(parts) - 1)
                 loss, part = objective(mini.select(index).to(d.device), norm)
                 (loss * weight * d.loss_scale).backward()
                 for k, v in part.items():
