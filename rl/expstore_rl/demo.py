@@ -19,7 +19,6 @@ trainer, on a verifiable toy task with a tiny model built in code (no downloads)
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import signal
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import grpo, metrics, ppo, trainer, weights
+from . import grpo, launch, metrics, ppo, trainer, weights
 from .batching import Rollouts
 from .envs import ENVS
 from .model import build_model
@@ -76,18 +75,6 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen, str]:
     return proc, line.rsplit(" ", 1)[1].strip()
 
 
-def start_producer(address: str, table: str, weights_uri: str, env: str, group_size: int, seed: int,
-                   log: Path, cfg: trainer.TrainConfig) -> subprocess.Popen:
-    s = ENV_SETTINGS[env]
-    cmd = [sys.executable, "-m", "expstore_rl.producer", "--server", address, "--table", table,
-           "--weights-uri", weights_uri, "--env", env, "--group-size", str(group_size), "--seed", str(seed),
-           "--max-tokens", str(s["max_tokens"]), "--max-turns", str(s["max_turns"]),
-           "--temperature", str(cfg.temperature), "--top-k", str(cfg.top_k), "--top-p", str(cfg.top_p),
-           "--log-every", "0"]
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m expstore_rl.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--algo", choices=["grpo", "ppo"], default="grpo")
@@ -128,29 +115,23 @@ def run(argv: list[str] | None = None) -> dict:
         weights.publish(model.state_dict(), model.config.to_dict(), weights_uri, 0)
         print(f"warm-up: {steps} supervised steps, loss {loss:.3f}; published v0", flush=True)
 
-        # 1, 3. server, table, producers
+        # 1, 3, 4. server, table, producers; train here
         server, address = start_server(Path(tmp) / "data")
-        producers: list[subprocess.Popen] = []
         try:
             cfg.target = address
-            from expstore_client import Client
-
-            with Client(address) as client:
-                trainer.create_table(client, cfg, batch, a.group_size if a.algo == "grpo" else None)
-            producers = [start_producer(address, cfg.table, weights_uri, a.env, a.group_size, a.seed + 1 + i,
-                                        out / f"producer{i}.log", cfg) for i in range(a.producers)]
+            s = ENV_SETTINGS[a.env]
+            flags = launch.build_parser().parse_args(
+                ["--algo", a.algo, "--producers", str(a.producers), "--env", a.env, "--group-size", str(a.group_size),
+                 "--max-tokens", str(s["max_tokens"]), "--max-turns", str(s["max_turns"]), "--logs", str(out)])
+            launch.prepare(flags, cfg)
             print(f"server {address}, {a.producers} producers, training {a.algo} on {a.env}", flush=True)
-
-            # 4. train
-            (grpo if a.algo == "grpo" else ppo).train(cfg)
+            launch.run_local(flags, cfg)
         finally:
-            for proc in producers + [server]:
-                proc.terminate()
-            for proc in producers + [server]:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
     # 5. summary
     rows = metrics.read(out / "metrics.jsonl")

@@ -197,13 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def from_args(argv: list[str] | None = None) -> tuple[Producer, int | None]:
+    """The producer the CLI flags describe (engine loaded), and its ``--num-groups``."""
     from . import rewards
     from .envs import ENVS
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    import torch
-    torch.set_num_threads(1)
     engine = build_engine(a.engine, a.weights_uri, a.device, a.seed)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
     config = ProducerConfig(concurrency=a.concurrency, seed=a.seed, log_every=a.log_every,
@@ -211,7 +209,15 @@ def main(argv: list[str] | None = None) -> None:
     producer = Producer(a.server, a.table, engine, ENVS[a.env], group_size=a.group_size, weights_uri=a.weights_uri,
                         params=params, token=a.token, reward_fn=getattr(rewards, a.reward) if a.reward else None,
                         config=config)
-    print(json.dumps(producer.run(a.num_groups)), flush=True)
+    return producer, a.num_groups
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    import torch
+    torch.set_num_threads(1)
+    producer, num_groups = from_args(argv)
+    print(json.dumps(producer.run(num_groups)), flush=True)
 
 
 if __name__ == "__main__":

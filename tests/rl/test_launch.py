@@ -1,0 +1,59 @@
+"""The launcher against a real expstore-server: producers and a GRPO trainer as Ray actors
+on a local Ray bound to loopback, and as local processes."""
+
+from pathlib import Path
+
+import pytest
+
+from expstore_rl import launch, weights
+
+pytestmark = pytest.mark.slow
+TINY = ["--hidden", "64", "--heads", "2", "--layers", "1", "--intermediate", "64"]  # head_dim 32
+
+
+def trainer_flags(address: str, root: Path, table: str) -> list[str]:
+    return ["--target", address, "--table", table, "--weights-uri", f"file://{root}/weights",
+            "--out", str(root / "run"), "--steps", "2", "--group-size", "2", "--groups-per-step", "2",
+            "--checkpoint-every", "0", "--sample-timeout", "60", *TINY]
+
+
+def produced(stats: dict) -> int:
+    return stats.get("producer/trajectories", 0)
+
+
+@pytest.fixture
+def local_ray(monkeypatch):
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only; read at `import ray`
+    monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "120")  # its 30 s ran out on a loaded machine
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_actors_produce_and_train_against_an_external_store(shared_server, client, table_name, tmp_path,
+                                                                local_ray):
+    assert {n["NodeManagerAddress"] for n in local_ray.nodes()} == {"127.0.0.1"}
+    out = launch.run(["--ray", "--producers", "2", "--max-tokens", "4", "--producer-cpus", "0.5",
+                      "--trainer-cpus", "1", "--", *trainer_flags(shared_server.address, tmp_path, table_name)])
+
+    # the trainer trained 2 steps on the producers' groups and published v1, v2 after v0
+    assert out["trainer"] == {"steps": 2, "policy_version": 2}
+    assert weights.versions(f"file://{tmp_path}/weights") == [0, 1, 2]
+    assert client.stats(table_name)[table_name]["policy_version"] == 2
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+
+    # both actors produced whole groups, and every row they counted reached the store
+    assert len(out["producers"]) == 2 and all(produced(p) >= 2 for p in out["producers"])
+    assert all(produced(p) % 2 == 0 for p in out["producers"])
+    assert client.stats(table_name)[table_name]["inserts"] == sum(produced(p) for p in out["producers"])
+
+
+def test_local_processes_run_the_same_loop(shared_server, client, table_name, tmp_path):
+    out = launch.run(["--producers", "1", "--max-tokens", "4", "--logs", str(tmp_path / "logs"), "--",
+                      *trainer_flags(shared_server.address, tmp_path, table_name)])
+    assert out["trainer"] == {"steps": 2, "policy_version": 2}
+    assert client.stats(table_name)[table_name]["inserts"] >= 4
+    assert (tmp_path / "logs" / "producer0.log").exists()
