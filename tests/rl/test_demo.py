@@ -21,7 +21,7 @@ def test_grpo_demo_raises_the_reward(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 81))
     reward = np.array([r["rollout/reward_mean"] for r in rows])
     first, last = reward[:10].mean(), reward[-10:].mean()
-    assert last > first + 0.2, (first, last)  # 0.24 -> 0.63 here
+    assert last > first + 0.2, (first, last)  # 0.24 -> 0.59 here (oldest-first sampling: 0.23 -> 0.42)
     assert max(r["charts/policy_version"] for r in rows) == 80
     assert (out / "metrics.png").stat().st_size > 0
     assert "mean reward" in proc.stdout
