@@ -9,7 +9,8 @@ Semantics (a group is the set of items sharing an ``Items.groups`` code):
   among the complete groups (``order="uniform"``, a random subset in random order),
   oldest-completed first (``order="fifo"``) or newest-completed first (``order="lifo"``:
   on-policy training takes the freshest groups and lets the others age out through
-  ``max_staleness``); completion time is the id of the member that completed the group. Sampling does not consume: the table removes what it must.
+  ``max_staleness``); completion time is the id of the member that completed the group.
+  Sampling does not consume: the table removes what it must.
 - Items with ``groups == -1`` are held (counted in ``len``) but never eligible.
 - A group that loses a member (``remove``) is *broken*, for good: it is never eligible
   again and its remaining members are held until the table removes them. Later arrivals
@@ -29,8 +30,8 @@ Semantics (a group is the set of items sharing an ``Items.groups`` code):
 Structure: per group code (codes are dense) a state byte, an arrival count and a row; a
 row of the ``(rows, group_size)`` member matrix per forming or complete group (rows are
 recycled, so memory is ``O(codes ever seen)`` bytes plus ``O(live groups * group_size)``);
-the complete groups' rows in a ``Uniform``, ``Fifo`` or ``Lifo`` selector. Insert and remove are
-O(k log k) (a sort of the batch by group), sample O(n); all vectorised.
+the complete groups' rows in a ``Uniform``, ``Fifo`` or ``Lifo`` selector. Insert and
+remove are O(k log k) (a sort of the batch by group), sample O(n); all vectorised.
 """
 
 from __future__ import annotations

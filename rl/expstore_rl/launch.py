@@ -7,8 +7,8 @@ and one trainer, as local processes or, with ``--ray``, as Ray actors.
         --producer-gpus 1 --engine vllm -- --target expstore.rl:50051 \\
         --weights-uri s3://bucket/weights --steps 5000           # on a Ray cluster
 
-The store stays outside Ray (a server, or shards behind one address: deploy/); the
-actors find it by the trainer's ``--target``. Flags before ``--`` are the launcher's and
+The store stays outside Ray (a server: deploy/); the actors find it by the trainer's
+``--target``. Flags before ``--`` are the launcher's and
 the producers'; flags after it are the trainer's (``python -m expstore_rl.grpo --help``).
 What both sides must agree on (server, table, weights location, sampling parameters,
 group size) is taken from the trainer's config and handed to the producers, and the
@@ -140,13 +140,22 @@ def run_ray(a: argparse.Namespace, cfg: trainer.TrainConfig) -> dict[str, Any]:
             ray.shutdown()
 
 
+def start_producer(argv: list[str], log: Path | None) -> subprocess.Popen:
+    """``python -m expstore_rl.producer`` on one torch thread, its output to ``log``."""
+    out = log.open("w") if log else subprocess.DEVNULL
+    try:
+        return subprocess.Popen([sys.executable, "-m", "expstore_rl.producer", *argv], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        if log:
+            out.close()  # the child has its own copy
+
+
 def run_local(a: argparse.Namespace, cfg: trainer.TrainConfig) -> dict[str, Any]:
     logs = Path(a.logs) if a.logs else None
     if logs:
         logs.mkdir(parents=True, exist_ok=True)
-    procs = [subprocess.Popen([sys.executable, "-m", "expstore_rl.producer", *producer_argv(a, cfg, i)],
-                              stdout=(logs / f"producer{i}.log").open("w") if logs else subprocess.DEVNULL,
-                              stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    procs = [start_producer(producer_argv(a, cfg, i), logs / f"producer{i}.log" if logs else None)
              for i in range(a.producers)]
     try:
         state = ALGOS[a.algo][1](cfg)
