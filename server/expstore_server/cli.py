@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"server address, or shards as HOST:PORT,HOST:PORT,... (env EXPSTORE_SERVER, "
                         f"default {DEFAULT_SERVER})")
     p.add_argument("--token", default=os.environ.get("EXPSTORE_TOKEN"), help="bearer token (env EXPSTORE_TOKEN)")
+    p.add_argument("--tls-ca", metavar="PEM", default=os.environ.get("EXPSTORE_TLS_CA"),
+                   help="connect with TLS, trusting this root certificate (env EXPSTORE_TLS_CA)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per call to the server (default 60)")
     p.add_argument("--data-dir", help="offline: open a stopped server's data dir directly")
     p.add_argument("--config", help="offline: the server's TOML config (for its remote tier settings)")
@@ -100,7 +102,8 @@ class Online:
 
         self.where = args.server
         sharded = "," in args.server  # a list of shards: docs/sharding.md
-        self.client = (ShardedClient if sharded else Client)(args.server, args.token, timeout=args.timeout)
+        self.client = (ShardedClient if sharded else Client)(args.server, args.token, tls=args.tls_ca,
+                                                             timeout=args.timeout)
 
     def tables(self) -> list[dict]:
         return [_table_row(t.name, t.config, t.num_items, t.policy_version) for t in self.client.list_tables()]

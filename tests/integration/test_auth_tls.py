@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -236,6 +239,20 @@ def test_tls_async_client(tls_server):
             return (await c.get("tls_async", res.item_ids)).data.column("traj_id").to_pylist()
 
     assert asyncio.run(main()) == ["a-0", "a-1", "a-2"]
+
+
+def test_cli_over_tls(tls_server):
+    server, cert = tls_server
+    with Client(server.address, tls=cert) as c:
+        c.create_table("tls_cli", if_not_exists=True)
+    command = [sys.executable, "-m", "expstore_server.cli", "--server", server.address, "--timeout", "5"]
+    ok = subprocess.run([*command, "--tls-ca", str(cert), "tables"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "tls_cli" in ok.stdout, ok.stderr
+    env = {**os.environ, "EXPSTORE_TLS_CA": str(cert)}
+    by_env = subprocess.run([*command, "tables"], capture_output=True, text=True, env=env, timeout=60)
+    assert by_env.returncode == 0 and "tls_cli" in by_env.stdout, by_env.stderr
+    plain = subprocess.run([*command, "tables"], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 2 and "UNAVAILABLE" in plain.stderr, plain.stderr
 
 
 def test_plaintext_client_to_tls_server_fails(tls_server):
