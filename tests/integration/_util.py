@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
-import ipaddress
 import json
 import sys
 import time
@@ -20,9 +18,10 @@ from expstore.proto import arrow_ipc
 from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
 from expstore.synthetic import trajectories
+from certs import self_signed
 
 __all__ = ["pb", "pb_grpc", "arrow_ipc", "trajectories", "start_server", "rpc_error", "raw_stub", "stored_traj_ids",
-           "with_loss_mask", "num_items", "audit_lines", "wait_until", "insert_requests", "ipc_bytes"]
+           "with_loss_mask", "num_items", "audit_lines", "wait_until", "insert_requests", "ipc_bytes", "self_signed"]
 
 
 def _root_conftest():
@@ -110,32 +109,6 @@ def tokens_by_traj(table: pa.Table) -> dict[str, list[int]]:
 
 def as_numpy_rows(values: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
     return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate (and key) for localhost and 127.0.0.1, as PEM files."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "server.pem", directory / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 def stored_traj_ids(client, table: str, group: str) -> list[str]:

@@ -6,7 +6,6 @@ the server's own parser and loader. No docker, no cluster; loopback only."""
 from __future__ import annotations
 
 import copy
-import datetime
 import json
 import re
 import shlex
@@ -20,6 +19,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from certs import self_signed
 from expstore_server import healthcheck
 from expstore_server.main import build_config, build_parser
 
@@ -112,28 +112,6 @@ def test_build_context_holds_what_the_dockerfile_copies():
 
 # -- the health check client (image HEALTHCHECK, TLS probes) --------------------------------
 
-def self_signed(directory: Path, dns_name: str) -> tuple[Path, Path]:
-    """A self-signed certificate naming only ``dns_name`` (not 127.0.0.1), and its key."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns_name)]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
 
 @pytest.fixture
 def health_server():
@@ -168,7 +146,7 @@ def test_healthcheck_follows_the_serving_status(health_server):
 
 def test_healthcheck_over_tls_checks_the_certificate_name(health_server, tmp_path):
     check = healthcheck.main
-    cert, key = self_signed(tmp_path, "expstore")
+    cert, key = self_signed(tmp_path, "expstore", ips=())  # not 127.0.0.1
     servicer, address, _ = health_server(grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())]))
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     assert check(["--address", address, "--tls-ca", str(cert), "--server-name", "expstore"]) == 0
