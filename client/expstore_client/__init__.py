@@ -9,7 +9,7 @@ from .batch import Ragged, SampleBatch
 from .batcher import InsertBatcher
 from .client import Client, InsertFuture
 from ._shard_errors import ShardedInsertError, ShardError
-from .sharded import ShardedClient, ShardedInsertFuture
+from .sharded import ShardedClient, ShardedInsertFuture, connect
 
 __all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult", "TableInfo",
-           "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError"]
+           "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError", "connect"]

@@ -57,6 +57,15 @@ def is_down(error: grpc.RpcError) -> bool:
     return error.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def connect(target: str | Sequence[str], token: str | None = None, **options: Any) -> "Client | ShardedClient":
+    """A ``Client`` for one server ("host:port"), a ``ShardedClient`` for a list of shards
+    ("a:1,b:2" or a sequence); ``options`` go to the constructor. What every tool that
+    takes a ``--server``/``--target`` string uses, so each accepts shards the same way."""
+    if isinstance(target, str) and "," not in target:
+        return Client(target, token, **options)
+    return ShardedClient(target, token, **options)
+
+
 class ShardedClient:
     """>>> client = ShardedClient(["expstore-0.expstore:50051", "expstore-1.expstore:50051"])
     >>> client.create_table("rollouts", sampler={"type": "prioritized", "alpha": 0.6})

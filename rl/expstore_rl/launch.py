@@ -7,8 +7,8 @@ and one trainer, as local processes or, with ``--ray``, as Ray actors.
         --producer-gpus 1 --engine vllm -- --target expstore.rl:50051 \\
         --weights-uri s3://bucket/weights --steps 5000           # on a Ray cluster
 
-The store stays outside Ray (a server: deploy/); the actors find it by the trainer's
-``--target``. Flags before ``--`` are the launcher's and
+The store stays outside Ray (a server, or shards: deploy/); the actors find it by the
+trainer's ``--target`` ("host:port", or "host:port,host:port,..." for shards). Flags before ``--`` are the launcher's and
 the producers'; flags after it are the trainer's (``python -m expstore_rl.grpo --help``).
 What both sides must agree on (server, table, weights location, sampling parameters,
 group size) is taken from the trainer's config and handed to the producers, and the
@@ -76,11 +76,11 @@ def producer_argv(a: argparse.Namespace, cfg: trainer.TrainConfig, index: int) -
 def prepare(a: argparse.Namespace, cfg: trainer.TrainConfig) -> None:
     """The table (if missing) and a published version 0 (if none): what producers and
     trainer both need before they start."""
-    from expstore_client import Client
+    from expstore_client import connect
 
     group_size = getattr(cfg, "group_size", None)
     batch = cfg.groups_per_step * group_size if group_size else cfg.batch_size
-    with Client(cfg.target, cfg.token or None) as client:
+    with connect(cfg.target, cfg.token or None) as client:
         trainer.create_table(client, cfg, batch, group_size)
     if weights.latest_version(cfg.weights_uri) is None:
         policy, _ = trainer.initial_policy(cfg)

@@ -7,7 +7,8 @@ every generation the producer looks for a newer version under ``weights_uri`` (a
 once per ``weights_poll_s``) and, if there is one, swaps it in between generate calls
 (agent.SwapGate); rows record the version of every token (policy_version,
 token_policy_version). A whole group is inserted in one Insert (all or none), so the
-store's group sampler sees it complete at once.
+store's group sampler sees it complete at once; into a sharded store ("host:port,..."),
+a group goes whole to the shard of its group_id.
 
 Run as a program::
 
@@ -27,12 +28,13 @@ import threading
 import time
 import uuid
 from collections import Counter
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
-from expstore_client import AsyncClient
+from expstore_client import AsyncClient, ShardedClient
 
 from . import agent, weights
 from .engines.base import Engine, SamplingParams
@@ -52,6 +54,21 @@ class ProducerConfig:
     insert_retries: int = 3  # an Insert is retried (safe: traj_id is idempotent) before giving up
     log_every: int = 0  # print the metrics as one JSON line every N groups (0: never)
     agent: agent.AgentConfig = field(default_factory=agent.AgentConfig)
+
+
+Insert = Callable[[str, list[dict]], Awaitable[object]]  # (table, rows) -> InsertResult
+
+
+@asynccontextmanager
+async def inserter(target: str, token: str | None) -> AsyncIterator[Insert]:
+    """The producer's insert: AsyncClient's for one server; for shards ("a:1,b:2") a
+    ShardedClient's, on a thread (it blocks while its parts go to their shards)."""
+    if "," not in target:
+        async with AsyncClient(target, token) as client:
+            yield client.insert
+        return
+    with ShardedClient(target, token) as client:
+        yield partial(asyncio.to_thread, client.insert)
 
 
 class Producer:
@@ -75,14 +92,14 @@ class Producer:
         return asyncio.run(self.run_async(num_groups, stop_event))
 
     async def run_async(self, num_groups: int | None = None, stop_event: threading.Event | None = None) -> dict:
-        async with AsyncClient(self.target, self.token) as client:
+        async with inserter(self.target, self.token) as insert:
             await self.maybe_reload(force=True)
             pool = EnvPool(self.config.concurrency)
             async for result in pool.run(self._jobs(num_groups, stop_event)):
                 if isinstance(result, EpisodeError):  # a bug outside any environment call
                     self.metrics["producer/failed_groups"] += 1
                     continue
-                await self._insert(client, result)
+                await self._insert(insert, result)
         return self.stats()
 
     def _jobs(self, num_groups: int | None, stop_event: threading.Event | None):
@@ -126,12 +143,12 @@ class Producer:
                 self.metrics["producer/weight_reloads"] += 1
                 log.info("loaded policy version %d", latest)
 
-    async def _insert(self, client: AsyncClient, rows: list[dict]) -> None:
+    async def _insert(self, insert: Insert, rows: list[dict]) -> None:
         for attempt in range(self.config.insert_retries + 1):
             try:
-                await client.insert(self.table, rows)
+                await insert(self.table, rows)
                 break
-            except grpc.aio.AioRpcError as e:
+            except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT or attempt == self.config.insert_retries:
                     raise
                 log.warning("insert failed (%s), retrying", e.code())

@@ -32,7 +32,7 @@ class TrainConfig:
     """Arguments common to GRPO and PPO. Each field is a CLI flag (``--clip-low 0.2``)."""
 
     target: str = "127.0.0.1:50051"
-    """address of the expstore server"""
+    """address of the expstore server, or of its shards: "host:port,host:port,..." """
     table: str = "rollouts"
     """trajectory table the producers insert into (created if missing)"""
     token: str = ""
@@ -94,7 +94,8 @@ class TrainConfig:
     sample_order: str = "lifo"
     """which rows (GRPO: whole groups) a sampled batch takes: "lifo", the newest (least
     stale; when producers outpace the trainer, older rows age out through max_staleness),
-    or "fifo", the oldest (every row is trained on unless it goes stale first)"""
+    "fifo", the oldest (every row is trained on unless it goes stale first), or
+    "uniform" (any; the one order a sharded store can sample: docs/sharding.md)"""
     checkpoint_every: int = 50
     """steps between checkpoints (0: never; the last step always checkpoints)"""
     resume: bool = True
@@ -136,10 +137,10 @@ class StoreSource:
     crash come back after the visibility timeout: at-least-once)."""
 
     def __init__(self, cfg: TrainConfig, d: Dist, mode: str, batch_size: int, group: str = "trainer") -> None:
-        from expstore_client import Client
+        from expstore_client import connect
 
         self.cfg, self.d, self.mode, self.batch_size, self.group = cfg, d, mode, batch_size, group
-        self.client = Client(cfg.target, cfg.token or None, timeout=cfg.sample_timeout) if d.main else None
+        self.client = connect(cfg.target, cfg.token or None, timeout=cfg.sample_timeout) if d.main else None
         self._stream = None
 
     def next(self) -> Sampled:
@@ -181,8 +182,8 @@ def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | No
     window spi * batch/2 +- (batch + insert_size)/2 is the narrowest in which neither
     side can stall the other (docs/semantics.md). Streams bypass the limiter, so a
     streaming trainer needs samples_per_insert 0."""
-    if cfg.sample_order not in ("lifo", "fifo"):
-        raise ValueError(f"sample_order must be 'lifo' or 'fifo', got {cfg.sample_order!r}")
+    if cfg.sample_order not in ("lifo", "fifo", "uniform"):
+        raise ValueError(f"sample_order must be 'lifo', 'fifo' or 'uniform', got {cfg.sample_order!r}")
     sampler = ({"type": "group", "group_size": group_size, "group_order": cfg.sample_order} if group_size
                else cfg.sample_order)
     limiter = None

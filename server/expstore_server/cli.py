@@ -17,7 +17,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator
 
 import pyarrow as pa
 
@@ -98,12 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 class Online:
     def __init__(self, args) -> None:
-        from expstore_client import Client, ShardedClient
+        from expstore_client import connect
 
         self.where = args.server
-        sharded = "," in args.server  # a list of shards: docs/sharding.md
-        self.client = (ShardedClient if sharded else Client)(args.server, args.token, tls=args.tls_ca,
-                                                             timeout=args.timeout)
+        self.client = connect(args.server, args.token, tls=args.tls_ca, timeout=args.timeout)  # "a,b": shards
 
     def tables(self) -> list[dict]:
         return [_table_row(t.name, t.config, t.num_items, t.policy_version) for t in self.client.list_tables()]
@@ -296,7 +293,7 @@ def _write_table(reader, sink, args) -> None:
     shown = rows.slice(0, TABLE_ROWS) if not args.max_rows else rows
     _print_rows(sink, shown.to_pylist(), rows.schema.names)
     if shown.num_rows < rows.num_rows:
-        sink.write(f"(more rows not shown: give --max-rows N, or --format csv|json|parquet for all)\n")
+        sink.write("(more rows not shown: give --max-rows N, or --format csv|json|parquet for all)\n")
     else:
         sink.write(f"({rows.num_rows} row{'s' if rows.num_rows != 1 else ''})\n")
 

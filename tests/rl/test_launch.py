@@ -1,10 +1,11 @@
-"""The launcher against a real expstore-server: producers and a GRPO trainer as Ray actors
-on a local Ray bound to loopback, and as local processes."""
+"""The launcher against real expstore-servers: producers and a GRPO trainer as Ray actors
+on a local Ray bound to loopback, as local processes, and on a store of two shards."""
 
 from pathlib import Path
 
 import pytest
 
+from expstore_client import Client
 from expstore_rl import launch, weights
 
 pytestmark = pytest.mark.slow
@@ -57,3 +58,18 @@ def test_local_processes_run_the_same_loop(shared_server, client, table_name, tm
     assert out["trainer"] == {"steps": 2, "policy_version": 2}
     assert client.stats(table_name)[table_name]["inserts"] >= 4
     assert (tmp_path / "logs" / "producer0.log").exists()
+
+
+def test_a_sharded_store_takes_whole_groups_on_every_shard(server_factory, tmp_path):
+    shards = [server_factory(), server_factory()]
+    target = ",".join(s.address for s in shards)
+    flags = trainer_flags(target, tmp_path, "rollouts")
+    out = launch.run(["--producers", "1", "--max-tokens", "4", "--", *flags, "--sample-order", "uniform"])
+    assert out["trainer"] == {"steps": 2, "policy_version": 2}
+    for shard in shards:
+        with Client(shard.address) as client:
+            stats = client.stats("rollouts")["rollouts"]
+            assert stats["policy_version"] == 2  # the trainer moved every shard's version
+            assert stats["inserts"] > 0 and stats["inserts"] % 2 == 0  # groups of 2, never split
+    with pytest.raises(ValueError, match="orders items across the whole table"):  # newest-first needs one store
+        launch.run(["--producers", "0", "--", *trainer_flags(target, tmp_path / "lifo", "newest")])
