@@ -669,8 +669,8 @@ def render(t: dict) -> str:
         rows.append([label, _f(x["num_bytes"] / 1e6), _f(x["expstore_s"], 2), _f(x["expstore_s_per_GB"], 2),
                      _f(x["ceiling_s"], 2), _f(x["ceiling_s_per_GB"], 2),
                      f"{x['ceiling_s'] / x['expstore_s']:.0%}"])
-    parts += ["\n".join([f"7e. Checkpoint of the restart data dir (median of rounds); ceiling: fsspec put(recursive) of a "
-              f"RocksDB checkpoint of the same DB",
+    parts += ["\n".join(["7e. Checkpoint of the restart data dir (median of rounds); ceiling: fsspec put(recursive) of a "
+              "RocksDB checkpoint of the same DB",
               _table(["remote", "MB", "Checkpointer s", "s/GB", "fsspec put s", "s/GB", "speed vs ceiling"], rows)])]
     return "\n\n".join(parts)
 
