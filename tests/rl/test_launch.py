@@ -1,12 +1,14 @@
 """The launcher against real expstore-servers: producers and a GRPO trainer as Ray actors
 on a local Ray bound to loopback, as local processes, and on a store of two shards."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from expstore_client import Client
-from expstore_rl import launch, weights
+from expstore_rl import grpo, launch, trainer, weights
 
 pytestmark = pytest.mark.slow
 TINY = ["--hidden", "64", "--heads", "2", "--layers", "1", "--intermediate", "64"]  # head_dim 32
@@ -36,7 +38,8 @@ def local_ray(monkeypatch):
 def test_ray_actors_produce_and_train_against_an_external_store(shared_server, client, table_name, tmp_path,
                                                                 local_ray):
     assert {n["NodeManagerAddress"] for n in local_ray.nodes()} == {"127.0.0.1"}
-    out = launch.run(["--ray", "--producers", "2", "--max-tokens", "4", "--producer-cpus", "0.5",
+    # 2 groups from each producer: the 4 the trainer's 2 steps of 2 groups take
+    out = launch.run(["--ray", "--producers", "2", "--num-groups", "2", "--max-tokens", "4", "--producer-cpus", "0.5",
                       "--trainer-cpus", "1", "--", *trainer_flags(shared_server.address, tmp_path, table_name)])
 
     # the trainer trained 2 steps on the producers' groups and published v1, v2 after v0
@@ -46,10 +49,27 @@ def test_ray_actors_produce_and_train_against_an_external_store(shared_server, c
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2
 
-    # both actors produced whole groups, and every row they counted reached the store
-    assert len(out["producers"]) == 2 and all(produced(p) >= 2 for p in out["producers"])
-    assert all(produced(p) % 2 == 0 for p in out["producers"])
-    assert client.stats(table_name)[table_name]["inserts"] == sum(produced(p) for p in out["producers"])
+    # both actors produced their groups, and every row they counted reached the store
+    assert [p["producer/groups"] for p in out["producers"]] == [2, 2]
+    assert [produced(p) for p in out["producers"]] == [4, 4]
+    assert client.stats(table_name)[table_name]["inserts"] == 8
+
+
+def test_a_producer_actor_stops_after_the_groups_in_flight(shared_server, client, table_name, tmp_path):
+    flags = launch.build_parser().parse_args(["--max-tokens", "4", "--concurrency", "2"])
+    cfg = trainer.parse(grpo.GRPOConfig, trainer_flags(shared_server.address, tmp_path, table_name))
+    launch.prepare(flags, cfg)
+    actor = launch.ProducerActor(launch.producer_argv(flags, cfg, 0))  # the class Ray runs, here in-process
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(actor.run)
+        deadline = time.monotonic() + 60
+        while client.stats(table_name)[table_name]["inserts"] < 4:  # 2 groups of 2 are in
+            assert time.monotonic() < deadline and not running.done()
+            time.sleep(0.05)
+        actor.stop()
+        stats = running.result(timeout=60)  # returns: it starts no group after stop()
+    assert stats["producer/groups"] >= 2 and produced(stats) == 2 * stats["producer/groups"]
+    assert client.stats(table_name)[table_name]["inserts"] == produced(stats)  # in-flight groups were inserted
 
 
 def test_local_processes_run_the_same_loop(shared_server, client, table_name, tmp_path):
