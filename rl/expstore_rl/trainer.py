@@ -176,8 +176,9 @@ class StoreSource:
 
 def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | None, insert_size: int = 8) -> None:
     """The rollouts table, if missing: whole groups from the group sampler for GRPO, else
-    single rows; newest or oldest first (``sample_order``); each row sampled once; rows
-    older than max_staleness versions dropped. With samples_per_insert > 0, a rate limiter keeps producers about one batch
+    single rows; newest first, oldest first or uniform (``sample_order``); each row
+    sampled once; rows older than max_staleness versions dropped. With
+    samples_per_insert > 0, a rate limiter keeps producers about one batch
     ahead of the trainer (staleness stays near 1 instead of piling up at the gate): the
     window spi * batch/2 +- (batch + insert_size)/2 is the narrowest in which neither
     side can stall the other (docs/semantics.md). Streams bypass the limiter, so a
@@ -327,9 +328,9 @@ def optimise(rollouts: Rollouts, objective: Objective, models: list[torch.nn.Mod
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             parts = synced_micro_batches(mini, cfg.token_budget, d)
-            for k, (index, weight) in enumerate(parts):
+            for i, (index, weight) in enumerate(parts):
                 for model in models:  # reduce-scatter once per minibatch, after its last backward
-                    gradient_sync(model, k == len(parts) - 1)
+                    gradient_sync(model, i == len(parts) - 1)
                 loss, part = objective(mini.select(index).to(d.device), norm)
                 (loss * weight * d.loss_scale).backward()
                 for k, v in part.items():
