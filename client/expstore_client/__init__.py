@@ -9,7 +9,8 @@ from .batch import Ragged, SampleBatch
 from .batcher import InsertBatcher
 from .client import Client, InsertFuture
 from ._shard_errors import ShardedInsertError, ShardError
-from .sharded import ShardedClient, ShardedInsertFuture, connect
+from .sharded import ShardedClient, ShardedInsertFuture, connect, names_shards
 
 __all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult", "TableInfo",
-           "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError", "connect"]
+           "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError", "connect",
+           "names_shards"]

@@ -57,13 +57,17 @@ def is_down(error: grpc.RpcError) -> bool:
     return error.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def names_shards(target: str | Sequence[str]) -> bool:
+    """Whether ``target`` lists shards ("a:1,b:2" or a sequence) rather than one server."""
+    return not isinstance(target, str) or "," in target
+
+
 def connect(target: str | Sequence[str], token: str | None = None, **options: Any) -> "Client | ShardedClient":
     """A ``Client`` for one server ("host:port"), a ``ShardedClient`` for a list of shards
     ("a:1,b:2" or a sequence); ``options`` go to the constructor. What every tool that
     takes a ``--server``/``--target`` string uses, so each accepts shards the same way."""
-    if isinstance(target, str) and "," not in target:
-        return Client(target, token, **options)
-    return ShardedClient(target, token, **options)
+    cls = ShardedClient if names_shards(target) else Client
+    return cls(target, token, **options)
 
 
 class ShardedClient:

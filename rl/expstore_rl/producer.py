@@ -34,7 +34,7 @@ from functools import partial
 from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
-from expstore_client import AsyncClient, ShardedClient
+from expstore_client import AsyncClient, ShardedClient, names_shards
 
 from . import agent, weights
 from .engines.base import Engine, SamplingParams
@@ -63,12 +63,12 @@ Insert = Callable[[str, list[dict]], Awaitable[object]]  # (table, rows) -> Inse
 async def inserter(target: str, token: str | None) -> AsyncIterator[Insert]:
     """The producer's insert: AsyncClient's for one server; for shards ("a:1,b:2") a
     ShardedClient's, on a thread (it blocks while its parts go to their shards)."""
-    if "," not in target:
+    if names_shards(target):
+        with ShardedClient(target, token) as client:
+            yield partial(asyncio.to_thread, client.insert)
+    else:
         async with AsyncClient(target, token) as client:
             yield client.insert
-        return
-    with ShardedClient(target, token) as client:
-        yield partial(asyncio.to_thread, client.insert)
 
 
 class Producer:
