@@ -127,11 +127,7 @@ def run(argv: list[str] | None = None) -> dict:
             print(f"server {address}, {a.producers} producers, training {a.algo} on {a.env}", flush=True)
             launch.run_local(flags, cfg)
         finally:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            launch.stop_processes([server])
 
     # 5. summary
     rows = metrics.read(out / "metrics.jsonl")

@@ -8,8 +8,9 @@ and one trainer, as local processes or, with ``--ray``, as Ray actors.
         --weights-uri s3://bucket/weights --steps 5000           # on a Ray cluster
 
 The store stays outside Ray (a server, or shards: deploy/); the actors find it by the
-trainer's ``--target`` ("host:port", or "host:port,host:port,..." for shards). Flags before ``--`` are the launcher's and
-the producers'; flags after it are the trainer's (``python -m expstore_rl.grpo --help``).
+trainer's ``--target`` ("host:port", or "host:port,host:port,..." for shards). Flags
+before ``--`` are the launcher's and the producers'; flags after it are the trainer's
+(``python -m expstore_rl.grpo --help``).
 What both sides must agree on (server, table, weights location, sampling parameters,
 group size) is taken from the trainer's config and handed to the producers, and the
 launcher makes the table and version 0 before either starts, so no producer races the
@@ -107,7 +108,8 @@ class ProducerActor:
 
 
 class TrainerActor:
-    """The trainer (single process) in a Ray actor; returns where it ended."""
+    """The trainer (single process), in a Ray actor or in this process; ``run`` returns
+    where it ended."""
 
     def run(self, algo: str, cfg: trainer.TrainConfig) -> dict:
         state = ALGOS[algo][1](cfg)
@@ -158,16 +160,20 @@ def run_local(a: argparse.Namespace, cfg: trainer.TrainConfig) -> dict[str, Any]
     procs = [start_producer(producer_argv(a, cfg, i), logs / f"producer{i}.log" if logs else None)
              for i in range(a.producers)]
     try:
-        state = ALGOS[a.algo][1](cfg)
+        return {"trainer": TrainerActor().run(a.algo, cfg)}
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    return {"trainer": {"steps": state.step, "policy_version": state.version}}
+        stop_processes(procs)
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGTERM them all, then SIGKILL whichever has not exited within ``timeout``."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
