@@ -12,6 +12,11 @@ batch: gradient accumulation is then exact, not an average of averages.
   (long answers weigh more; DAPO's choice).
 - ``seq-mean``: mean over sequences of each sequence's token mean (every sequence weighs
   the same; the original GRPO).
+
+Every ratio of probabilities is exp of a log-ratio clamped to +-``LOG_RATIO_LIMIT``: under
+top-k/top-p a token outside the kept set has logprob about -1e9 (``model.MASKED``), and
+one policy may keep a token that another drops, so an unclamped exp overflows to inf, and
+inf times the zero gradient of a clip is NaN in every parameter.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ import torch
 
 AGGREGATIONS = ("token-mean", "seq-mean")
 KL_ESTIMATORS = ("k1", "k3")
+LOG_RATIO_LIMIT = 20.0
+"""|log p - log q| is clamped to this (verl's bound): e^20 ~ 5e8 is far beyond any clip or
+importance cap, so only degenerate tokens are affected, and their gradient is 0."""
+
+
+def log_ratio(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """log(p / q) per token, clamped to +-LOG_RATIO_LIMIT so that its exp stays finite."""
+    return (logp - logq).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: float | None = None) -> torch.Tensor:
@@ -56,7 +69,7 @@ def importance_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torc
     """
     if cap <= 0:
         return torch.ones_like(proximal_logprobs)
-    return torch.exp(proximal_logprobs - behaviour_logprobs).clamp(max=cap)
+    return torch.exp(log_ratio(proximal_logprobs, behaviour_logprobs)).clamp(max=cap)
 
 
 def policy_loss(logprobs: torch.Tensor, proximal_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -73,7 +86,7 @@ def policy_loss(logprobs: torch.Tensor, proximal_logprobs: torch.Tensor, advanta
     advantages: (B, T), or (B, 1) broadcast over tokens. Returns the loss and
     per-token diagnostics (ratio, clipped indicator) for metrics.
     """
-    ratio = torch.exp(logprobs - proximal_logprobs)
+    ratio = torch.exp(log_ratio(logprobs, proximal_logprobs))
     advantages = advantages.expand_as(ratio)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
@@ -92,11 +105,11 @@ def kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3"
     (Schulman, "Approximating KL divergence"). As a loss, k3's gradient is that of the
     reverse KL's second-order term; k1 is the usual choice inside the reward.
     """
-    log_ratio = logprobs - ref_logprobs
+    x = log_ratio(logprobs, ref_logprobs)  # clamped: a token one side masks out stays finite
     if estimator == "k1":
-        return log_ratio
+        return x
     if estimator == "k3":
-        return torch.expm1(-log_ratio) + log_ratio
+        return torch.expm1(-x) + x
     raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 

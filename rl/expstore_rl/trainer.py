@@ -23,7 +23,7 @@ import torch
 from . import checkpoint, weights
 from .batching import Rollouts, concat, from_sample_batch, micro_batches, minibatches
 from .distributed import Dist, clip_grad_norm, full_state_dict, gradient_sync, shard
-from .losses import aggregate, entropy, importance_weights, kl, normaliser, policy_loss
+from .losses import aggregate, entropy, importance_weights, kl, log_ratio, normaliser, policy_loss
 from .model import ModelConfig, build_model, process_logits, token_logprobs
 
 
@@ -287,7 +287,7 @@ def off_policy_extras(rollouts: Rollouts, policy: torch.nn.Module, reference: to
     if reference is not None:
         x["ref"] = score(reference, rollouts, cfg, d)
     x["is_weights"] = importance_weights(x["proximal"], rollouts.logprobs, cfg.is_cap)
-    raw = torch.exp(x["proximal"] - rollouts.logprobs)
+    raw = torch.exp(log_ratio(x["proximal"], rollouts.logprobs))
     sums = {"offpolicy/is_weight_mean": (x["is_weights"] * mask).sum(),
             "offpolicy/is_truncated_frac": ((raw > cfg.is_cap) * mask).sum() if cfg.is_cap > 0 else torch.zeros(()),
             "offpolicy/behaviour_kl": (kl(rollouts.logprobs, x["proximal"], "k3") * mask).sum()}

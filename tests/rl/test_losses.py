@@ -83,3 +83,26 @@ def test_entropy_of_uniform_and_of_a_masked_distribution():
     assert entropy(torch.zeros(1, 1, 8)).item() == pytest.approx(math.log(8))
     masked = torch.tensor([[[0.0, 0.0, -1e9, -1e9]]])  # top-k = 2 as model.process_logits masks
     assert entropy(masked).item() == pytest.approx(math.log(2))
+
+
+def test_a_token_masked_out_by_top_k_gives_a_finite_loss_and_finite_gradients():
+    # top-k/top-p give a token outside the kept set a logprob of about -1e9 (model.MASKED).
+    # Token 0: outside the proximal policy's top-k, back in the current one (ratio e^(1e9)).
+    # Token 1: outside the behaviour policy's, inside the proximal one's (weight e^(1e9)).
+    # Token 2: outside the current policy's (KL against the reference e^(1e9)).
+    masked = -1e9
+    logp = torch.tensor([[-2.0, -1.0, masked]], requires_grad=True)
+    proximal = torch.tensor([[masked, -1.0, -1.0]])
+    behaviour = torch.tensor([[-1.5, masked, -1.0]])
+    ref = torch.tensor([[-1.0, -1.0, -1.0]])
+    mask = torch.ones(1, 3)
+    for advantage in (1.0, -1.0):
+        w = importance_weights(proximal, behaviour, cap=2.0)
+        loss, diag = policy_loss(logp, proximal, torch.full((1, 1), advantage), mask, is_weights=w)
+        for estimator in ("k1", "k3"):
+            loss = loss + 0.1 * aggregate(kl(logp, ref, estimator), mask, "token-mean")
+            assert torch.isfinite(kl(behaviour, proximal, estimator)).all()
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(logp.grad).all() and torch.isfinite(diag["ratio"]).all()
+        assert w.tolist() == [[pytest.approx(math.exp(-20.0)), 2.0, 1.0]]
+        logp.grad = None

@@ -52,6 +52,18 @@ def test_ppo_critic_learns_and_values_are_finite(tmp_path):
     assert rows[-1]["ppo/value_mean"] != 0
 
 
+def test_training_under_top_k_keeps_the_weights_and_metrics_finite(tmp_path):
+    from expstore_rl import grpo, weights
+
+    # 4 optimizer steps per batch: a token outside the proximal policy's top 10 (logprob
+    # -1e9) gets back in after a step or two, and its ratio to the proximal one was inf
+    grpo.train(config(tmp_path, steps=3, top_k=10, num_minibatches=4), FakeSource())
+    sd = weights.load_state_dict(f"file://{tmp_path}/weights", 3)
+    assert all(torch.isfinite(v).all() for v in sd.values())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(np.isfinite(v) for r in rows for v in r.values())
+
+
 def test_ppo_reward_sits_on_the_last_generated_token():
     mask = torch.tensor([[0.0, 1, 1, 0, 1, 0], [0, 0, 1, 0, 0, 0]])
     rows = Rollouts(torch.zeros(2, 6, dtype=torch.long), torch.ones(2, 6), mask, torch.zeros(2, 6),
