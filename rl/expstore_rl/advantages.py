@@ -71,14 +71,25 @@ def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_std
     division: it up-weights near-unanimous groups and biases towards easy prompts).
 
     group_index: (B,) int, 0..G-1, the group of each row (rows need not be contiguous).
-    A group whose rewards are all equal gets advantage 0: it carries no signal.
+    A group whose rewards are all equal gets advantage exactly 0: it carries no signal.
+    Statistics are taken in float64 and such groups are found by comparing their smallest
+    and largest reward, since even a float64 mean of equal fractional values can miss them
+    by an ulp, which the division by a std of about 0 + eps would blow up (0.95 x 16 gave
+    +0.106 each in float32). Returned as float32.
     """
-    rewards = rewards.to(torch.float32)
+    rewards = rewards.to(torch.float64)
     G = int(group_index.max()) + 1 if len(group_index) else 0
-    count = torch.zeros(G).index_add_(0, group_index, torch.ones_like(rewards))
-    mean = torch.zeros(G).index_add_(0, group_index, rewards) / count
-    centred = rewards - mean[group_index]
-    if not scale_std:
-        return centred
-    var = torch.zeros(G).index_add_(0, group_index, centred ** 2) / (count - 1).clamp(min=1)
-    return centred / (var.sqrt()[group_index] + eps)
+
+    def per_group(values: torch.Tensor, reduce: str) -> torch.Tensor:  # (G,)
+        start = {"sum": 0.0, "amin": torch.inf, "amax": -torch.inf}[reduce]
+        out = torch.full((G,), start, dtype=torch.float64, device=rewards.device)
+        return out.scatter_reduce(0, group_index, values, reduce)
+
+    count = per_group(torch.ones_like(rewards), "sum")
+    mean = per_group(rewards, "sum") / count
+    constant = (per_group(rewards, "amin") == per_group(rewards, "amax"))[group_index]  # (B,)
+    centred = torch.where(constant, 0.0, rewards - mean[group_index])
+    if scale_std:
+        var = per_group(centred ** 2, "sum") / (count - 1).clamp(min=1)
+        centred = centred / (var.sqrt()[group_index] + eps)
+    return centred.to(torch.float32)
