@@ -211,10 +211,13 @@ def initial_policy(cfg: TrainConfig) -> tuple[torch.nn.Module, int]:
 
 
 def publish(policy: torch.nn.Module, cfg: TrainConfig, version: int, d: Dist) -> None:
-    """Gather the full weights (every rank), rank 0 writes ``<weights_uri>/v<version>/``."""
+    """Gather the full weights (every rank), rank 0 writes ``<weights_uri>/v<version>/``;
+    every rank returns once it is written (a barrier: at the start of a fresh run, every
+    rank loads v0 as the KL reference next, and must not look before rank 0 has written it)."""
     sd = full_state_dict(policy)
     if d.main:
         weights.publish(sd, policy.config.to_dict(), cfg.weights_uri, version)
+    d.barrier()
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
