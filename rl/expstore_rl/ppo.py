@@ -73,6 +73,20 @@ def token_rewards(rollouts, extras, cfg: PPOConfig) -> torch.Tensor:
     return rewards
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, d: distributed.Dist) -> float:
+    """1 - Var(returns - values) / Var(returns) over the generated tokens of every rank:
+    1 when the critic predicts the returns, 0 when it does no better than their mean
+    (0.0 also when the returns do not vary). Two all-reduces of float64 sums (means, then
+    squared deviations from them), so that equal returns give a spread of exactly 0."""
+    m, r = mask.double(), returns.double()
+    err = r - values.double()
+    n, sum_r, sum_err = d.all_reduce(torch.stack([m.sum(), (r * m).sum(), (err * m).sum()]))
+    n = n.clamp(min=1)
+    spread, residual = d.all_reduce(torch.stack([((r - sum_r / n) ** 2 * m).sum(),
+                                                 ((err - sum_err / n) ** 2 * m).sum()]))
+    return float(1 - residual / spread) if spread > 0 else 0.0
+
+
 def train(cfg: PPOConfig, source: trainer.StoreSource | None = None) -> trainer.LoopState:
     """Run cfg.steps steps (from where a checkpoint left off). ``source`` replaces the
     store (tests); None connects to cfg.target."""
@@ -115,11 +129,9 @@ def train(cfg: PPOConfig, source: trainer.StoreSource | None = None) -> trainer.
             std = (s2 / n - mean ** 2).clamp(min=0).sqrt()
             adv = ((adv - mean) / (std + 1e-8)).float() * mask
         x["advantages"] = adv
-        residual = ((x["returns"] - x["old_values"]) ** 2 * mask).sum()
-        spread = ((x["returns"] - (x["returns"] * mask).sum() / mask.sum().clamp(min=1)) ** 2 * mask).sum()
         metrics |= trainer.token_means({"ppo/value_mean": (x["old_values"] * mask).sum(),
                                         "ppo/return_mean": (x["returns"] * mask).sum()}, mask.sum(), d)
-        metrics["ppo/explained_variance"] = float(1 - residual / spread) if spread > 0 else 0.0
+        metrics["ppo/explained_variance"] = explained_variance(x["old_values"], x["returns"], mask, d)
 
         # 4. clipped surrogate + clipped value loss, micro-batched, clipped grads per model
         def objective(mb, norm):
