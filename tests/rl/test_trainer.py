@@ -88,8 +88,13 @@ def test_store_source_samples_whole_groups(server_factory):
         assert len(got) == 8
         groups = got.group_index.tolist()
         assert groups[:4] == [groups[0]] * 4 and groups[4:] == [groups[4]] * 4 and groups[0] != groups[4]
+        # whole: each group's 4 rows, every one of them (row i is in group i % 4, reward i)
+        for rewards in (sorted(got.rewards[:4].tolist()), sorted(got.rewards[4:].tolist())):
+            g = int(rewards[0])
+            assert g < 4 and rewards == [g, g + 4, g + 8, g + 12]
+        assert client.describe("grpo").policy_version == 0
         source.set_policy_version(3)
-        assert client.describe("grpo") is not None
+        assert client.describe("grpo").policy_version == 3
 
 
 def test_store_source_streams_each_row_once_and_acks(server_factory):
