@@ -51,10 +51,16 @@ def _metadata(sample: dict) -> dict:
 
 
 def text(sample: dict) -> str:
-    """The generated text: ``sample["text"]`` or the decoded tokens with loss_mask 1."""
+    """The generated text: ``sample["text"]`` or the decoded tokens with loss_mask 1.
+    Tokens that are not CharTokenizer ids raise a ValueError saying so (an audit records
+    it as that row's error)."""
     if "text" in sample:
         return sample["text"]
-    return _TOK.decode(t for t, m in zip(sample["tokens"], sample["loss_mask"]) if m)
+    try:
+        return _TOK.decode(t for t, m in zip(sample["tokens"], sample["loss_mask"]) if m)
+    except ValueError as e:
+        raise ValueError(f"cannot decode the generated tokens: {e}; these rewards score rows tokenized "
+                         "with expstore_rl's CharTokenizer (or given a 'text')") from None
 
 
 def final_answer(sample: dict) -> str:
@@ -64,7 +70,14 @@ def final_answer(sample: dict) -> str:
 
 
 def answer(sample: dict) -> str:
-    return str(sample["answer"] if "answer" in sample else _metadata(sample)["answer"])
+    """The reference answer: ``sample["answer"]``, else ``metadata["answer"]``; a
+    ValueError when there is neither."""
+    if "answer" in sample:
+        return str(sample["answer"])
+    meta = _metadata(sample)
+    if meta.get("answer") is None:
+        raise ValueError("no reference answer: the row has no 'answer' and its metadata none either")
+    return str(meta["answer"])
 
 
 def exact_match(sample: dict) -> RewardResult:
@@ -76,9 +89,9 @@ def exact_match(sample: dict) -> RewardResult:
 def numeric_answer(sample: dict) -> RewardResult:
     """1.0 when the last number (integer or fraction a/b) of the final answer equals the
     reference numerically."""
-    found = _NUMBER.findall(final_answer(sample))
+    found, reference = _NUMBER.findall(final_answer(sample)), answer(sample)
     try:
-        v = float(bool(found) and Fraction(found[-1]) == Fraction(answer(sample)))
+        v = float(bool(found) and Fraction(found[-1]) == Fraction(reference))
     except (ValueError, ZeroDivisionError):
         v = 0.0
     return RewardResult(v, {"numeric_answer": v})

@@ -44,4 +44,13 @@ class CharTokenizer:
         return ids
 
     def decode(self, ids) -> str:
-        return "".join(self.pieces[int(i)] for i in ids)
+        """Text of ``ids``; raises ValueError on an id outside the vocabulary (0-50), e.g.
+        a row tokenized by another tokenizer, rather than an IndexError (or, for a
+        negative id, a wrong character)."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is not in the CharTokenizer vocabulary (ids 0-{self.vocab_size - 1})")
+            out.append(self.pieces[i])
+        return "".join(out)

@@ -1,6 +1,8 @@
 import importlib
 import json
 
+import pytest
+
 from expstore_rl import rewards
 from expstore_rl.rewards import RewardResult
 from expstore_rl.tokenizer import CharTokenizer
@@ -19,6 +21,18 @@ def test_exact_match_decodes_a_stored_row():
     assert rewards.exact_match(row("<bos>123=", "321<eos>", "321")) == RewardResult(1.0, {"exact_match": 1.0})
     assert rewards.exact_match(row("<bos>123=", "32<eos>", "321")).value == 0.0
     assert rewards.exact_match({"text": "321", "answer": "321"}).value == 1.0  # cut off before <eos>
+
+
+def test_a_row_the_rewards_cannot_score_is_an_error_that_says_why():
+    # token ids of another tokenizer (expstore.synthetic's rows: ids up to 50,000)
+    foreign = {"tokens": [1, 20000, 4000, 7], "loss_mask": [0, 1, 1, 1], "metadata": json.dumps({"answer": "1"})}
+    for fn in (rewards.exact_match, rewards.numeric_answer, rewards.eos_format):
+        with pytest.raises(ValueError, match="token id 20000 is not in the CharTokenizer vocabulary"):
+            fn(foreign)
+    with pytest.raises(ValueError, match="no reference answer"):
+        rewards.exact_match({"text": "1<eos>", "metadata": None})
+    with pytest.raises(ValueError, match="no reference answer"):
+        rewards.numeric_answer({"text": "1<eos>", "metadata": json.dumps({"task": "x"})})
 
 
 def test_numeric_answer_after_the_last_observation():

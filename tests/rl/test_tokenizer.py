@@ -22,3 +22,11 @@ def test_round_trip_with_special_tokens_written_literally():
 def test_unknown_character_is_an_error():
     with pytest.raises(ValueError, match="'A'"):
         CharTokenizer().encode("A")
+
+
+@pytest.mark.parametrize("bad", [51, 40321, -1])
+def test_an_id_outside_the_vocabulary_is_an_error_that_names_it(bad):
+    # a row tokenized by another tokenizer (ids of a 50k vocabulary): not an IndexError,
+    # and a negative id must not decode as a character from the end of the table
+    with pytest.raises(ValueError, match=rf"token id {bad} is not in the CharTokenizer vocabulary \(ids 0-50\)"):
+        CharTokenizer().decode([7, bad])
