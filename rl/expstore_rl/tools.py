@@ -8,6 +8,10 @@ A call is ``<tool>NAME ARGS</tool>`` in the generated text; its observation is
 
 Only tools in the allowlist given to ``call`` run; any other name is answered with
 status "denied" without starting a process.
+
+Each entry of ``TOOLS`` is also a plain function of the arguments string that returns the
+tool's output, what a trajectory records as ``tool_result``: the form ``expstore replay
+TABLE ITEM --tools expstore_rl.tools`` expects, so recorded calls can be re-run and diffed.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ class Tool:
     name: str
     argv: tuple[str, ...]
     limits: sandbox.Limits = sandbox.Limits()
+
+    def __call__(self, args: str) -> str:
+        """Run the tool in the sandbox on ``args``; its output (``ToolResult.output``, the
+        recorded ``tool_result``), whatever its status."""
+        return sandbox.run(list(self.argv), stdin=args, limits=self.limits).output
 
 
 TOOLS = {
