@@ -4,48 +4,68 @@ Tokens are never written, only the name of the token that authenticated the call
 event loop only enqueues a line; a writer thread appends whatever is queued and flushes
 once per batch, so a busy server pays one flush per burst, not per call, and a crash
 loses at most the lines queued in the last moments. ``close`` drains the queue.
+
+The log is bounded: every field a client chose (a table name, a detail naming a consumer
+group) is clipped to ``clip.FIELD_CHARS`` characters with a marker, and the file rotates
+by size with the standard library's ``RotatingFileHandler`` (``audit.jsonl`` ->
+``audit.jsonl.1`` -> ... -> ``audit.jsonl.<backups>``, the oldest dropped), so the log
+takes at most about ``(backups + 1) * max_bytes`` bytes on disk.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+from .clip import clip
+
 _STOP = None
+_BURST_BYTES = 1 << 20  # lines written (and flushed) together at most
 
 
 class AuditLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, max_bytes: int = 64 << 20, backups: int = 4) -> None:
+        """``max_bytes``: the size at which the file rotates (0: never); ``backups``:
+        rotated files kept (>= 1)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8")
+        self._handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        self._handler.terminator = ""  # lines carry their own newlines; a burst is one record
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write, name="audit-log", daemon=True)
         self._writer.start()
 
     def record(self, *, who: str, method: str, table: str | None, outcome: str,
                detail: str | None = None) -> None:
-        entry = {"ts": time.time(), "who": who, "method": method, "table": table, "outcome": outcome}
+        entry = {"ts": time.time(), "who": clip(who), "method": method,
+                 "table": None if table is None else clip(table), "outcome": outcome}
         if detail:
-            entry["detail"] = detail
+            entry["detail"] = clip(detail)
         self._queue.put(json.dumps(entry, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
         self._queue.put(_STOP)
         self._writer.join()
-        self._file.close()
+        self._handler.close()
 
     def _write(self) -> None:
         while True:
             line = self._queue.get()
+            burst, size = [], 0
             while line is not _STOP:
-                self._file.write(line)
+                burst.append(line)
+                size += len(line)
+                if size >= _BURST_BYTES:
+                    break
                 try:
                     line = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            self._file.flush()
+            if burst:  # one write and one flush; rotates first if the file would pass max_bytes
+                self._handler.emit(logging.makeLogRecord({"msg": "".join(burst)}))
             if line is _STOP:
                 return

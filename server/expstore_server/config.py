@@ -70,6 +70,8 @@ class ServerConfig:
     log_level: str = "info"
     keep_freed_memory: bool = True  # glibc keeps freed buffers mapped (see main.keep_freed_memory)
     audit_log: str | None = None  # default: <data_dir>/audit.jsonl
+    audit_log_max_bytes: int = 64 << 20  # the audit log rotates at this size (0: never)
+    audit_log_backups: int = 4  # rotated audit logs kept
     tls_cert: str | None = None
     tls_key: str | None = None
     min_free_disk_bytes: int = 256 << 20  # inserts are refused below this much free disk
@@ -94,6 +96,8 @@ class ServerConfig:
             raise InvalidArgument(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         if self.workers < 1:
             raise InvalidArgument("workers must be >= 1")
+        if self.audit_log_max_bytes < 0 or self.audit_log_backups < 1:
+            raise InvalidArgument("audit_log_max_bytes must be >= 0 (0: never rotate) and audit_log_backups >= 1")
         if not 1024 <= self.message_bytes <= self.max_message_bytes:
             raise InvalidArgument("message_bytes must be in 1024..max_message_bytes")
         names = [t.name for t in self.tables]

@@ -35,6 +35,7 @@ from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, la
 from . import config as config_mod
 from .audit import AuditLog
 from .auth import Authenticator
+from .clip import LOG_CHARS, clip
 from .metrics import ServerMetrics
 from .servicer import Servicer
 
@@ -43,6 +44,9 @@ REMOTE_HEALTH = "expstore.remote"  # health service name: NOT_SERVING while the 
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line; every text field is clipped to ``clip.LOG_CHARS``
+    characters (a message or an extra may carry a name a client sent)."""
+
     _skip = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
     def format(self, record: logging.LogRecord) -> str:
@@ -51,7 +55,8 @@ class JsonFormatter(logging.Formatter):
         entry.update({k: v for k, v in vars(record).items() if k not in self._skip})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        entry = {k: clip(v, LOG_CHARS) if isinstance(v, str) else v for k, v in entry.items()}
+        return json.dumps(entry, default=lambda v: clip(str(v), LOG_CHARS))
 
 
 def keep_freed_memory() -> bool:
@@ -121,7 +126,7 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
     store, checkpointer = open_store(cfg, restore_checkpoint)
     store.start_mover(cfg.demote_interval_s)
-    audit = AuditLog(cfg.audit_path)
+    audit = AuditLog(cfg.audit_path, max_bytes=cfg.audit_log_max_bytes, backups=cfg.audit_log_backups)
     metrics = ServerMetrics(store)
     servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit, checkpointer, metrics)
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),

@@ -34,6 +34,7 @@ from expstore.table import Table
 from . import convert
 from .audit import AuditLog
 from .auth import ANY_ROLE, Authenticator
+from .clip import MESSAGE_CHARS, clip
 from .config import ServerConfig
 from .errors import status_of
 from .metrics import ServerMetrics, wire_size
@@ -80,12 +81,12 @@ def rpc(role: str, *, audit: bool = False):
                     self.auth.authorize(principal, role)
                 return await body()
             except ExpstoreError as e:
-                status, message = status_of(e), str(e)
+                status, message = status_of(e), clip(str(e), MESSAGE_CHARS)  # may echo a huge name
             except asyncio.CancelledError:
                 status = grpc.StatusCode.CANCELLED
                 raise
             except Exception:  # a bug: log it, do not leak it
-                log.exception("internal error", extra={"method": method, "table": call.table})
+                log.exception("internal error", extra={"method": method, "table": clip(call.table or "")})
                 status, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
             finally:  # queued before the status goes out
                 call.status = status
