@@ -23,7 +23,7 @@ ListType(list<item: int32>)
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 from typing import Callable
 
 import numpy as np
@@ -179,7 +179,8 @@ def _check_names(names: list[str], table: str) -> None:
 Hit = tuple[int, str, str]  # (row within the checked data, column, what is wrong)
 
 
-def validate_trajectories(data: pa.Table | pa.RecordBatch, *, table: str, row_offset: int = 0) -> None:
+def validate_trajectories(data: pa.Table | pa.RecordBatch, *, table: str, row_offset: int = 0,
+                          vocab_size: int | None = None) -> None:
     """Check conformed trajectories; raise InvalidArgument for the first offending row.
 
     The error reads ``table 'T': row R, column 'C': <what is wrong, what is expected>``
@@ -188,7 +189,9 @@ def validate_trajectories(data: pa.Table | pa.RecordBatch, *, table: str, row_of
     1. required columns are not null; traj_id is non-empty and unique within the batch;
     2. loss_mask and logprobs have len(tokens) elements; so do token_policy_version,
        advantages and values where not null; no list holds null elements;
-    3. loss_mask values are 0 or 1; logprobs are finite, and <= 0 where loss_mask = 1;
+    3. tokens are ids >= 0, and < ``vocab_size`` when the table declares one (a trainer
+       indexes its embedding with them); loss_mask values are 0 or 1; logprobs are
+       finite, and <= 0 where loss_mask = 1;
     4. policy_version >= 0; token_policy_version >= 0, and >= policy_version where
        loss_mask = 1 (policy_version is the oldest version that generated any token);
     5. advantages and values are finite;
@@ -213,7 +216,7 @@ def validate_trajectories(data: pa.Table | pa.RecordBatch, *, table: str, row_of
     base = 0
     for batch in data.to_batches():  # rows >= the table-level hit are already cut off
         view, hit_here = _View(batch), False
-        for check in _BATCH_CHECKS:
+        for check in _batch_checks(vocab_size):
             hit = check(view) if view.n else None
             if hit is not None:  # later checks look only at the rows before this one
                 found, hit_here = (base + hit[0], hit[1], hit[2]), True
@@ -334,6 +337,14 @@ def _finite(name: str, unit: str = "token") -> Callable[[_View], Hit | None]:
     return partial(_elements, name=name, ok=np.isfinite, expected="finite", unit=unit)
 
 
+def _token_ids(v: _View, vocab_size: int | None) -> Hit | None:
+    x = v.values("tokens")
+    bad = x < 0 if vocab_size is None else (x < 0) | (x >= vocab_size)
+    expected = ">= 0 (a token id)" if vocab_size is None else \
+        f"a token id in [0, {vocab_size}) (the table's vocab_size)"
+    return _elem_hit(v, "tokens", bad, lambda j, k: f"value {x[j]} at token {k}; expected {expected}")
+
+
 def _logprob_sign(v: _View) -> Hit | None:
     m, lp = v.values("loss_mask"), v.values("logprobs")
     return _elem_hit(v, "logprobs", (m == 1) & (lp > 0), lambda j, k: (
@@ -422,17 +433,21 @@ def _group_id(v: _View) -> Hit | None:
         "empty; expected a non-empty id or null"))
 
 
-# In tie-break order; each rule sees only rows that passed all earlier rules.
-_BATCH_CHECKS = (
-    *(partial(_length, name=n) for n in ("loss_mask", "logprobs", *_PER_TOKEN)),
-    *(partial(_null_items, name=n) for n in ("tokens", "loss_mask", "logprobs", *_PER_TOKEN, "step_rewards")),
-    partial(_elements, name="loss_mask", ok=lambda x: x <= 1, expected="0 or 1"),
-    _finite("logprobs"), _logprob_sign, _policy_version,
-    partial(_elements, name="token_policy_version", ok=lambda x: x >= 0, expected=">= 0"),
-    _tpv_vs_policy_version, _finite("advantages"), _finite("values"),
-    _null_turns, _turn_bounds, _turn_order, _step_reward_count, _finite("step_rewards", unit="turn"),
-    _reward, _reward_components, _group_size, _group_id,
-)
+@lru_cache(maxsize=64)
+def _batch_checks(vocab_size: int | None) -> tuple[Callable[[_View], Hit | None], ...]:
+    """The per-batch rules, in tie-break order; each sees only rows that passed all
+    earlier rules."""
+    return (
+        *(partial(_length, name=n) for n in ("loss_mask", "logprobs", *_PER_TOKEN)),
+        *(partial(_null_items, name=n) for n in ("tokens", "loss_mask", "logprobs", *_PER_TOKEN, "step_rewards")),
+        partial(_token_ids, vocab_size=vocab_size),
+        partial(_elements, name="loss_mask", ok=lambda x: x <= 1, expected="0 or 1"),
+        _finite("logprobs"), _logprob_sign, _policy_version,
+        partial(_elements, name="token_policy_version", ok=lambda x: x >= 0, expected=">= 0"),
+        _tpv_vs_policy_version, _finite("advantages"), _finite("values"),
+        _null_turns, _turn_bounds, _turn_order, _step_reward_count, _finite("step_rewards", unit="turn"),
+        _reward, _reward_components, _group_size, _group_id,
+    )
 
 
 def _row_error(table: str, row: int, column: str, what: str) -> InvalidArgument:

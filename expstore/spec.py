@@ -111,6 +111,8 @@ class TableSpec:
         "memory" (nothing), "wal" (a killed server), "fsync" (a power loss).
     archive: items that leave the sampling window move to the remote tier (queryable)
         instead of being deleted.
+    vocab_size: trajectory tables only; every token id must be < vocab_size (ids are
+        always >= 0). Unset: any non-negative int32 id is accepted.
     """
 
     name: str
@@ -129,6 +131,7 @@ class TableSpec:
     ssd_bytes: int = 64 << 30
     durability: str | None = None  # None: "wal", or "memory" for a memory-only table
     archive: bool = False
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and TABLE_NAME.match(self.name) is not None,
@@ -151,6 +154,9 @@ class TableSpec:
         if self.kind == "generic":
             _require(self.schema is not None and len(self.schema) > 0,
                      "a generic table needs a schema")
+        if self.vocab_size is not None:
+            _require(self.kind == "trajectory", "vocab_size applies to trajectory tables (their tokens)")
+            _require(1 <= self.vocab_size <= 1 << 31, "vocab_size must be in 1..2**31 (token ids are int32)")
         if self.sampler.type == "group":
             _require(self.kind == "trajectory", "the group sampler needs a trajectory table (group_id)")
             _require(self.sampler.group_size <= self.max_size,

@@ -174,7 +174,8 @@ class Table:
         for part in parts:
             t = protocol.conform(part, self.schema, table=self.name)
             if self._trajectory:
-                protocol.validate_trajectories(t, table=self.name, row_offset=offset)
+                protocol.validate_trajectories(t, table=self.name, row_offset=offset,
+                                               vocab_size=self.spec.vocab_size)
             offset += t.num_rows
             batches.extend(b for b in t.to_batches() if b.num_rows)
         if offset == 0:

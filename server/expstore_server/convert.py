@@ -46,6 +46,8 @@ def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
         config.key_column = spec.key_column
     if spec.max_staleness is not None:
         config.max_staleness = spec.max_staleness
+    if spec.vocab_size is not None:
+        config.vocab_size = spec.vocab_size
     return config
 
 

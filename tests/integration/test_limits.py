@@ -7,12 +7,14 @@ import json
 import logging
 
 import grpc
+import pyarrow as pa
 import pytest
 
+from expstore_client import Client
 from expstore_server.clip import MESSAGE_CHARS
 from expstore_server.main import JsonFormatter
 
-from ._util import pb, raw_stub, rpc_error, wait_until
+from ._util import pb, raw_stub, rpc_error, trajectories, wait_until
 
 HUGE = 50_000_000  # characters of a name a client may send in a 256 MiB message
 
@@ -67,3 +69,43 @@ def test_json_log_fields_are_clipped():
     record = logging.makeLogRecord({"msg": "internal error", "table": "z" * 1_000_000, "levelname": "ERROR"})
     line = JsonFormatter().format(record)
     assert len(line) < 70_000 and json.loads(line)["table"].endswith("[934464 more characters]")
+
+
+# -- token ids ------------------------------------------------------------------------------
+
+def with_token(data: pa.Table, row: int, position: int, value: int) -> pa.Table:
+    tokens = data.column("tokens").to_pylist()
+    tokens[row][position] = value
+    i = data.schema.get_field_index("tokens")
+    return data.set_column(i, data.schema.field(i), pa.array(tokens, pa.list_(pa.int32())))
+
+
+def test_token_ids_are_refused_below_zero_and_at_or_above_the_vocab_size(server_factory):
+    s = server_factory('[[tables]]\nname = "configured"\nvocab_size = 50000\n')
+    with Client(s.address) as c:
+        c.create_table("free")
+        c.create_table("small", vocab_size=1000)
+        assert c.describe("configured").config["vocab_size"] == 50000
+        assert c.describe("small").config["vocab_size"] == 1000
+        assert "vocab_size" not in c.describe("free").config
+        data = trajectories(4, tokens=16, id_prefix="v")  # ids in [0, 50000)
+        for table, row, position, value, expected in [
+                ("free", 2, 5, -2**31, "expected >= 0 (a token id)"),
+                ("configured", 1, 0, -1, "expected a token id in [0, 50000) (the table's vocab_size)"),
+                ("configured", 3, 15, 50000, "expected a token id in [0, 50000) (the table's vocab_size)")]:
+            err = rpc_error(lambda: c.insert(table, with_token(data, row, position, value)),
+                            grpc.StatusCode.INVALID_ARGUMENT)
+            assert err.details() == f"table {table!r}: row {row}, column 'tokens': value {value} " \
+                                    f"at token {position}; {expected}"
+            assert c.describe(table).num_items == 0
+        assert c.insert("configured", data).num_inserted == 4
+        err = rpc_error(lambda: c.insert("small", data), grpc.StatusCode.INVALID_ARGUMENT)
+        assert "column 'tokens'" in err.details() and "[0, 1000)" in err.details()
+        err = rpc_error(lambda: c.create_table("g", kind="generic", schema=pa.schema([("x", pa.int32())]),
+                                               vocab_size=10), grpc.StatusCode.INVALID_ARGUMENT)
+        assert "vocab_size applies to trajectory tables" in err.details()
+    s.stop()
+    s = server_factory(None, "--data-dir", str(s.data_dir))  # a restart keeps the table's vocab_size
+    with Client(s.address) as c:
+        assert c.describe("small").config["vocab_size"] == 1000
+        rpc_error(lambda: c.insert("small", data), grpc.StatusCode.INVALID_ARGUMENT)

@@ -89,6 +89,8 @@ RULES = [
     ("null token", _item("tokens", 1, None), "tokens", "null"),
     ("null loss_mask item", _item("loss_mask", 0, None), "loss_mask", "null"),
     ("null logprob", _item("logprobs", 2, None), "logprobs", "null"),
+    ("token < 0", _item("tokens", 2, -1), "tokens", "value -1 at token 2; expected >= 0"),
+    ("token INT32_MIN", _item("tokens", 0, -2**31), "tokens", "value -2147483648 at token 0; expected >= 0"),
     ("loss_mask 2", _item("loss_mask", 1, 2), "loss_mask", "0 or 1"),
     ("logprob nan", _item("logprobs", 0, math.nan), "logprobs", "finite"),
     ("logprob -inf", _item("logprobs", 0, -math.inf), "logprobs", "finite"),
@@ -168,6 +170,16 @@ def test_message_gives_value_and_position():
     r = rows(3)
     r[2]["turns"][1]["end"] = 99
     assert "turn 1 spans [3, 99); expected 0 <= start <= end <= 6" in error_of(r)
+
+
+def test_token_ids_below_the_vocab_size():
+    r = rows(4)  # row i holds tokens 100 .. 103 + i
+    validate_trajectories(table(r), table=T, vocab_size=107)
+    assert error_of(r, vocab_size=106, row_offset=10) == (
+        "table 't': row 13, column 'tokens': value 106 at token 6; "
+        "expected a token id in [0, 106) (the table's vocab_size)")
+    r[1]["tokens"][0] = -5
+    assert error_of(r, vocab_size=106).startswith("table 't': row 1, column 'tokens': value -5 at token 0")
 
 
 def _batch_with_bad_outside(bad_rows: list[int]) -> pa.RecordBatch:
