@@ -7,7 +7,10 @@ buffer compression, which readers undo transparently.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+
+from . import ipc_size
 
 _PLAIN = pa.ipc.IpcWriteOptions()
 _ZSTD = pa.ipc.IpcWriteOptions(compression="zstd")
@@ -36,10 +39,17 @@ def decode_schema(data: bytes) -> pa.Schema:
 
 
 def split_rows(data: pa.RecordBatch | pa.Table, max_bytes: int) -> list:
-    """Zero-copy row slices of roughly at most ``max_bytes`` each (by the mean row size)."""
+    """Zero-copy slices of consecutive rows, each at most ``max_bytes`` by its rows'
+    sizes (``ipc_size.row_bytes``), or a single row larger than that on its own: a few
+    long rows among short ones never share a slice that passes the limit."""
     n = data.num_rows
-    if n == 0:
+    if n == 0 or (data.nbytes <= max_bytes and not ipc_size.has_dictionary(data.schema)):
         return [data]
-    per_row = max(1, data.nbytes // n)
-    rows = max(1, max_bytes // per_row)
-    return [data.slice(i, rows) for i in range(0, n, rows)]
+    ends = np.cumsum(ipc_size.row_bytes(data))
+    parts, start = [], 0
+    while start < n:
+        before = int(ends[start - 1]) if start else 0
+        end = max(start + 1, int(np.searchsorted(ends, before + max_bytes, side="right")))
+        parts.append(data.slice(start, end - start))
+        start = end
+    return parts

@@ -98,6 +98,8 @@ class ServerConfig:
             raise InvalidArgument("workers must be >= 1")
         if self.audit_log_max_bytes < 0 or self.audit_log_backups < 1:
             raise InvalidArgument("audit_log_max_bytes must be >= 0 (0: never rotate) and audit_log_backups >= 1")
+        if self.max_message_bytes < 1 << 20:
+            raise InvalidArgument("max_message_bytes must be >= 1048576 (a response needs room for its framing)")
         if not 1024 <= self.message_bytes <= self.max_message_bytes:
             raise InvalidArgument("message_bytes must be in 1024..max_message_bytes")
         names = [t.name for t in self.tables]

@@ -6,8 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from expstore.errors import InvalidArgument
-from expstore.proto import arrow_ipc
-from expstore.proto import framing
+from expstore.proto import arrow_ipc, framing, ipc_size
 from expstore.proto.messages import message_to_dict
 from expstore.proto.service import ROWS_PAYLOAD
 from expstore.proto.v1 import expstore_pb2 as pb
@@ -74,15 +73,53 @@ def rows_to_messages(rows: Rows, *, compress: bool, message_bytes: int) -> list[
     return out
 
 
-def decode_rows(data, what: str) -> pa.Table:
-    """Decode and fully validate an untrusted IPC stream (bad offsets must never reach a take)."""
+RESPONSE_FRAMING = 64 << 10
+"""Bytes a response message needs besides its rows: the IPC schema and batch metadata,
+buffer padding, item ids and priorities. A row may take max_message_bytes less this."""
+
+
+def decode_rows(data, *, table: str, message: int, row_offset: int, max_bytes: int) -> pa.Table:
+    """Decode and fully validate an untrusted IPC stream (bad offsets must never reach a take).
+
+    Refused with InvalidArgument, naming the table (and the row, counted over the whole
+    call from ``row_offset``): a stream whose record batches declare more than
+    ``max_bytes`` once decompressed, before anything is decompressed; rows that take
+    more than ``max_bytes`` once their dictionaries are expanded; and a row that no
+    response message of ``max_bytes`` could carry back (it could be stored, never sampled).
+    """
+    what = f"table {table!r}: insert message {message}"
     try:
-        table = arrow_ipc.decode(data)
-        table.validate(full=True)
-        _check_names(table.schema)
-        return table
+        declared = ipc_size.decoded_bytes(data)
+    except (pa.ArrowException, ValueError, OSError) as e:
+        raise InvalidArgument(f"{what}: not a valid Arrow IPC stream: {e}") from None
+    if declared > max_bytes:
+        raise InvalidArgument(f"{what}: its rows would take {declared} bytes decompressed, more than "
+                              f"max_message_bytes ({max_bytes}); send fewer rows per message")
+    try:
+        rows = arrow_ipc.decode(data)
+        rows.validate(full=True)
+        _check_names(rows.schema)
     except (pa.ArrowException, ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
         raise InvalidArgument(f"{what}: not a valid Arrow IPC stream: {e}") from None
+    _check_row_sizes(rows, what, table, row_offset, max_bytes)
+    return rows
+
+
+def _check_row_sizes(rows: pa.Table, what: str, table: str, row_offset: int, max_bytes: int) -> None:
+    limit = max_bytes - RESPONSE_FRAMING
+    dictionaries = ipc_size.has_dictionary(rows.schema)
+    if rows.nbytes <= limit and not dictionaries:
+        return
+    sizes = ipc_size.row_bytes(rows)
+    over = np.flatnonzero(sizes > limit)
+    if len(over):
+        r = int(over[0])
+        raise InvalidArgument(f"table {table!r}: row {row_offset + r} takes {int(sizes[r])} bytes, more than one "
+                              f"response message can carry back ({limit}: max_message_bytes {max_bytes} less "
+                              f"{RESPONSE_FRAMING} for framing); split the trajectory or raise max_message_bytes")
+    if dictionaries and int(sizes.sum()) > max_bytes:
+        raise InvalidArgument(f"{what}: its rows would take {int(sizes.sum())} bytes with their dictionaries "
+                              f"expanded, more than max_message_bytes ({max_bytes}); send fewer rows per message")
 
 
 def _check_names(fields) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import struct
 
 import grpc
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -14,9 +17,10 @@ from expstore_client import Client
 from expstore_server.clip import MESSAGE_CHARS
 from expstore_server.main import JsonFormatter
 
-from ._util import pb, raw_stub, rpc_error, trajectories, wait_until
+from ._util import ipc_bytes, pb, raw_stub, rpc_error, trajectories, wait_until
 
 HUGE = 50_000_000  # characters of a name a client may send in a 256 MiB message
+IA = grpc.StatusCode.INVALID_ARGUMENT
 
 
 def audit_entries(path) -> list[dict]:
@@ -109,3 +113,94 @@ def test_token_ids_are_refused_below_zero_and_at_or_above_the_vocab_size(server_
     with Client(s.address) as c:
         assert c.describe("small").config["vocab_size"] == 1000
         rpc_error(lambda: c.insert("small", data), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+# -- payloads that inflate: compression, dictionaries, rows too large to send back ------------
+
+def peak_rss(server) -> int:
+    """The server process's peak resident set (VmHWM), in bytes."""
+    status = open(f"/proc/{server.proc.pid}/status").read()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) * 1024
+
+
+def insert_raw(stub, table: str, payload: bytes):
+    return stub.Insert(iter([pb.InsertRequest(table=table, arrow_ipc=payload)]), timeout=60)
+
+
+def zero_tokens(n: int) -> bytes:
+    """One row whose n token ids are all 0, zstd-compressed: 4n bytes in a few KB."""
+    values = pa.array(np.zeros(n, np.int32))  # calloc'd: never touched, never resident
+    return ipc_bytes(pa.table({"tokens": pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), values)}),
+                     compress=True)
+
+
+def test_a_zstd_bomb_is_refused_before_it_is_inflated(server_factory):
+    s = server_factory()
+    channel, stub = raw_stub(s.address)
+    with Client(s.address) as c:
+        c.create_table("bombed")
+        c.insert("bombed", trajectories(8, tokens=1024))  # the server's usual allocations, made
+        bomb = zero_tokens(100_000_000)  # 400 MB of token ids
+        assert len(bomb) < 1 << 20
+        before = peak_rss(s)
+        err = rpc_error(lambda: insert_raw(stub, "bombed", bomb), IA)
+        assert err.details().startswith("table 'bombed': insert message 0: its rows would take 4000000")
+        assert err.details().endswith("bytes decompressed, more than max_message_bytes (268435456); "
+                                      "send fewer rows per message")
+        # A stream that declares a buffer of 4 TiB behind a frame of a few bytes.
+        small = zero_tokens(1_000_000)
+        declared = struct.pack("<q", 4_000_000)
+        assert small.count(declared) == 1
+        err = rpc_error(lambda: insert_raw(stub, "bombed", small.replace(declared, struct.pack("<q", 1 << 42))), IA)
+        assert int(re.search(r"would take (\d+) bytes decompressed", err.details())[1]) >= 1 << 42
+        assert peak_rss(s) - before < 64 << 20  # nothing was inflated
+        assert c.insert("bombed", trajectories(2, id_prefix="after")).num_inserted == 2
+        assert len(c.sample("bombed", 10)) == 10 and c.describe("bombed").num_items == 10
+    channel.close()
+
+
+def dictionary_strings(n: int, entry_bytes: int) -> pa.DictionaryArray:
+    """n strings, each the same entry of entry_bytes: n * entry_bytes once expanded."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(["d" * entry_bytes]))
+
+
+def test_dictionary_bombs_and_rows_too_large_to_send_back_are_refused(server_factory):
+    s = server_factory()
+    channel, stub = raw_stub(s.address)
+    with Client(s.address) as c:
+        c.create_table("blobs", kind="generic", key_column="id",
+                       schema=pa.schema([("id", pa.string()), ("text", pa.string()), ("parts", pa.list_(pa.string()))]))
+        before = peak_rss(s)
+        # One row: a list of 3,000 references to one 100 kB string is a 300 MB row.
+        parts = pa.ListArray.from_arrays(pa.array([0, 3000], pa.int32()), dictionary_strings(3000, 100_000))
+        payload = ipc_bytes(pa.table({"id": ["big"], "parts": parts}))
+        assert len(payload) < 1 << 20
+        err = rpc_error(lambda: insert_raw(stub, "blobs", payload), IA)
+        assert re.fullmatch(r"table 'blobs': row 0 takes 3000\d{5} bytes, more than one response message can "
+                            r"carry back \(268369920: max_message_bytes 268435456 less 65536 for framing\); "
+                            r"split the trajectory or raise max_message_bytes", err.details()), err.details()
+        # 3,000 rows of 100 kB each: every row could be sent back, all of them are 300 MB.
+        payload = ipc_bytes(pa.table({"id": [f"r{i}" for i in range(3000)], "text": dictionary_strings(3000, 100_000)}))
+        err = rpc_error(lambda: insert_raw(stub, "blobs", payload), IA)
+        assert re.fullmatch(r"table 'blobs': insert message 0: its rows would take 3000\d{5} bytes with their "
+                            r"dictionaries expanded, more than max_message_bytes \(268435456\); send fewer rows "
+                            r"per message", err.details()), err.details()
+        assert peak_rss(s) - before < 64 << 20
+        assert c.describe("blobs").num_items == 0
+        # Dictionaries that expand within bounds are conformed and stored as usual.
+        c.insert("blobs", pa.table({"id": ["a", "b"], "text": dictionary_strings(2, 10)}))
+        assert c.get("blobs", [1, 2]).data.column("text").to_pylist() == ["d" * 10] * 2
+    channel.close()
+
+
+def test_long_rows_among_short_ones_go_back_in_messages_within_the_limit(server_factory):
+    s = server_factory("[server]\nmax_message_bytes = 4194304\nmessage_bytes = 1048576\n")
+    with Client(s.address, message_bytes=1 << 20) as c:
+        c.create_table("long")
+        short = trajectories(40, tokens=64, id_prefix="s")
+        long = trajectories(2, tokens=300_000, id_prefix="l")  # ~2.7 MB a row
+        ids = c.insert("long", long, compress=True).item_ids.tolist() + c.insert("long", short).item_ids.tolist()
+        got = c.get("long", ids)  # the two long rows first, side by side
+        assert got.data.column("traj_id").to_pylist() == \
+            long.column("traj_id").to_pylist() + short.column("traj_id").to_pylist()
+        assert len(c.sample("long", 42)) == 42

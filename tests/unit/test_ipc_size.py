@@ -1,0 +1,102 @@
+"""expstore.proto.ipc_size: decoded sizes read before decoding, row sizes, and splitting
+batches by them."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from expstore.proto import arrow_ipc, ipc_size
+from expstore.synthetic import trajectories
+
+
+def stream(data: pa.Table, compression: str | None) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        w.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def mixed() -> pa.Table:
+    """Every kind of column the sizes handle, sliced (offsets not starting at 0)."""
+    n = 40
+    data = trajectories(n, tokens=(10, 300), groups=4).append_column(
+        "code", pa.array([f"c{i % 3}" * (i % 7) for i in range(n)]).dictionary_encode())
+    data = data.append_column("pairs", pa.array([[i, i + 1] for i in range(n)], pa.list_(pa.int64(), 2)))
+    data = data.append_column("big", pa.array([[f"{i}"] * (i % 4) for i in range(n)], pa.large_list(pa.large_string())))
+    data = data.append_column("flags", pa.array([i % 2 == 0 for i in range(n)]))
+    return data.slice(3, 30)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd", "lz4"])
+def test_decoded_bytes_is_what_reading_takes(compression):
+    data = mixed()
+    payload = stream(data, compression)
+    declared = ipc_size.decoded_bytes(payload)
+    decoded = arrow_ipc.decode(payload)
+    buffers = sum(b.size for col in decoded.columns for chunk in col.chunks for b in chunk.buffers() if b)
+    buffers += sum(b.size for col in decoded.columns for chunk in col.chunks
+                   if pa.types.is_dictionary(chunk.type) for b in chunk.dictionary.buffers() if b)
+    # Every decompressed buffer is counted at its size; an uncompressed body also holds padding.
+    assert buffers <= declared <= buffers + 8 * 200
+    if compression:
+        assert declared > len(payload)
+
+
+def test_a_declared_size_is_counted_without_decompressing():
+    n = 1_000_000
+    data = pa.table({"tokens": pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(np.zeros(n, np.int32)))})
+    payload = stream(data, "zstd")
+    assert len(payload) < 10_000 and ipc_size.decoded_bytes(payload) >= 4 * n
+    lie = payload.replace(struct.pack("<q", 4 * n), struct.pack("<q", 1 << 50))
+    assert ipc_size.decoded_bytes(lie) >= 1 << 50
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_damaged_metadata_raises_never_crashes(data):
+    payload = bytearray(stream(mixed(), "zstd"))
+    for _ in range(data.draw(st.integers(1, 8))):
+        payload[data.draw(st.integers(0, len(payload) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        assert ipc_size.decoded_bytes(bytes(payload)) >= 0
+    except (ValueError, OSError, pa.ArrowException):  # what decode_rows turns into INVALID_ARGUMENT
+        pass
+
+
+def test_row_bytes_match_each_rows_own_bytes():
+    data = mixed()
+    sizes = ipc_size.row_bytes(data)
+    plain = data.set_column(data.schema.get_field_index("code"), "code", data.column("code").cast(pa.string()))
+    own = np.array([plain.slice(i, 1).nbytes for i in range(data.num_rows)])
+    assert np.all(np.abs(sizes - own) <= 8)  # validity bits are not counted
+    assert np.all(sizes - ipc_size.row_bytes(plain) == 4)  # and the dictionary's int32 index
+    assert ipc_size.row_bytes(data.slice(0, 0)).tolist() == []
+
+
+def test_row_bytes_expand_dictionaries_at_any_depth():
+    entry = pa.array(["x" * 1000, "y"])
+    strings = pa.DictionaryArray.from_arrays(pa.array([0, 0, 1, None], pa.int8()), entry)
+    lists = pa.ListArray.from_arrays(pa.array([0, 3, 4], pa.int32()), strings)
+    assert ipc_size.has_dictionary(pa.schema([("l", lists.type)]))
+    assert not ipc_size.has_dictionary(pa.schema([("l", pa.list_(pa.string()))]))
+    assert ipc_size.row_bytes(pa.table({"l": lists})).tolist() == [4 + 3 * 1 + 1004 * 2 + 5, 4 + 1 + 1004]
+
+
+def test_split_rows_keeps_every_slice_within_the_limit_or_alone():
+    short = trajectories(30, tokens=32, id_prefix="s")
+    long = trajectories(3, tokens=20_000, id_prefix="l")
+    data = pa.concat_tables([short.slice(0, 10), long, short.slice(10)])
+    sizes = ipc_size.row_bytes(data)
+    limit = int(sizes.max()) + 1000  # a long row and a few short ones fit; two long rows do not
+    parts = arrow_ipc.split_rows(data, limit)
+    assert sum(p.num_rows for p in parts) == data.num_rows
+    assert pa.concat_tables(parts).column("traj_id").to_pylist() == data.column("traj_id").to_pylist()
+    assert all(p.nbytes <= limit for p in parts)
+    assert arrow_ipc.split_rows(data, 1) and all(p.num_rows == 1 for p in arrow_ipc.split_rows(data, 1))
+    assert arrow_ipc.split_rows(data, data.nbytes) == [data]
