@@ -26,8 +26,19 @@ Pushdown, decided before any payload is read:
 Statements are bound first against empty relations of the full schema, so errors name
 the real columns; then each table is registered as a lazy Arrow stream (a scan starts
 only when DuckDB reads it). The connection has file system access disabled and its
-configuration locked: a query reads the store and nothing else. Not thread-safe per
-call; concurrent ``query`` calls each use their own DuckDB connection.
+configuration locked: a query reads the store and nothing else.
+
+Limits (:class:`Limits`): each query has a DuckDB of its own with a memory limit, a
+bounded spill directory and a thread count. Its spill directory is a fresh private
+directory (DuckDB lets a query read its temp directory even with file access off, and
+its default is ``<cwd>/.tmp``), removed when the query closes. Time is bounded by a
+watchdog that interrupts DuckDB once the query has computed for ``timeout_s`` in all;
+the time its reader spends between batches does not count.
+
+Threads: a :class:`Query` is read by one thread at a time; ``close`` may be called from
+any thread at any moment (a client gone away): a DuckDB call in progress is interrupted
+and the connection closed as that call returns. Concurrent queries each use their own
+DuckDB connection.
 """
 
 from __future__ import annotations
@@ -35,6 +46,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
+import tempfile
+import threading
+import time
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -45,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import InvalidArgument
+from .errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from .schema import TRAJECTORY_V1
 
 SERVER_COLUMNS = pa.schema([("item_id", pa.uint64()), ("priority", pa.float64()),
@@ -161,13 +176,114 @@ def relation_schema(source: Source) -> pa.Schema:
     return pa.schema(fields)
 
 
+TEMP_PREFIX = "query-"  # each query's spill directory: <temp_root>/query-XXXXXXXX
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one query may use.
+
+    timeout_s: seconds of computing (all DuckDB calls together) before the query is
+        interrupted with DeadlineExceeded.
+    memory_bytes: DuckDB's ``memory_limit``; past it DuckDB spills to disk.
+    temp_bytes: DuckDB's ``max_temp_directory_size``: spill beyond it (or memory beyond
+        memory_bytes with nothing left to spill) is ResourceExhausted.
+    threads: DuckDB's worker threads for the query.
+    temp_root: where the query's private spill directory is made (None: the system's
+        temporary directory).
+    """
+
+    timeout_s: float = 300.0
+    memory_bytes: int = 1 << 30
+    temp_bytes: int = 1 << 30
+    threads: int = 1
+    temp_root: str | None = None
+
+
 def query(sources: Mapping[str, Source], sql: str, *, max_rows: int = 0,
-          batch_rows: int = BATCH_ROWS) -> pa.RecordBatchReader:
+          batch_rows: int = BATCH_ROWS, limits: Limits = Limits()) -> pa.RecordBatchReader:
     """Run one SELECT over ``sources``; the result streams (at most ``max_rows`` rows
     when > 0). Bad SQL or an unknown table or column: InvalidArgument with DuckDB's
-    message on one line."""
-    con = duckdb.connect()
+    message on one line. Past ``limits``: DeadlineExceeded or ResourceExhausted."""
+    q = Query(limits)
     try:
+        q.start(sources, sql, max_rows=max_rows, batch_rows=batch_rows)
+    except BaseException:
+        q.close()
+        raise
+    return pa.RecordBatchReader.from_batches(q.schema, q.batches())
+
+
+class Query:
+    """One query on a DuckDB connection of its own, within ``limits``: ``start``, then
+    ``next_batch`` until None (or ``batches``), and ``close`` (from any thread)."""
+
+    def __init__(self, limits: Limits = Limits()) -> None:
+        self.limits = limits
+        self.schema: pa.Schema | None = None
+        self._lock = threading.Lock()  # guards the state below, never held across a DuckDB call
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._temp: str | None = None
+        self._busy = self._closed = self._expired = False
+        self._spent = 0.0
+        self._reader: pa.RecordBatchReader | None = None
+        self._left: int | None = None
+
+    def start(self, sources: Mapping[str, Source], sql: str, *, max_rows: int = 0,
+              batch_rows: int = BATCH_ROWS) -> None:
+        """Plan and start the statement (DuckDB may compute a whole aggregate here)."""
+        self._reader = self._call(lambda: self._prepare(sources, sql, batch_rows))
+        self.schema = self._reader.schema
+        self._left = max_rows if max_rows > 0 else None
+
+    def next_batch(self) -> pa.RecordBatch | None:
+        """The next result batch, or None at the end (or at max_rows)."""
+        if self._left == 0:
+            return None
+        try:
+            batch = self._call(self._reader.read_next_batch)
+        except StopIteration:
+            return None
+        if self._left is not None:
+            batch = batch.slice(0, self._left)
+            self._left -= batch.num_rows
+        return batch
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The remaining batches; closes the query when done or abandoned."""
+        try:
+            while (batch := self.next_batch()) is not None:
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Interrupt a DuckDB call in progress (it closes the connection as it returns)
+        or close the connection now, and remove the spill directory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._busy:
+                if self._con is not None:
+                    self._con.interrupt()
+                return
+        self._release()
+
+    # -- internals ------------------------------------------------------------------
+
+    def _prepare(self, sources: Mapping[str, Source], sql: str, batch_rows: int) -> pa.RecordBatchReader:
+        limits = self.limits
+        if limits.temp_root is not None:
+            Path(limits.temp_root).mkdir(parents=True, exist_ok=True)
+        temp = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=limits.temp_root)
+        con = duckdb.connect(config={"threads": limits.threads, "memory_limit": f"{limits.memory_bytes}B",
+                                     "max_temp_directory_size": f"{limits.temp_bytes}B", "temp_directory": temp})
+        with self._lock:
+            self._con, self._temp = con, temp
+            stopped = self._closed or self._expired
+        if stopped:  # closed or out of time while connecting: there was nothing to interrupt
+            raise Unavailable("query stopped before it started")
         con.execute("SET enable_external_access = false; SET lock_configuration = true")
         scans = plan(sql, {name: relation_schema(s) for name, s in sources.items()}, con)
         for name, source in sources.items():
@@ -176,11 +292,66 @@ def query(sources: Mapping[str, Source], sql: str, *, max_rows: int = 0,
             columns = columns or {"item_id"}  # count(*) reads no column, but DuckDB wants one
             con.unregister(name)
             con.register(name, _Stream(source, pa.schema([full.field(c) for c in full.names if c in columns]), bounds))
-        reader = _run(lambda: con.sql(sql).to_arrow_reader(batch_rows))
-    except BaseException:
-        con.close()
-        raise
-    return pa.RecordBatchReader.from_batches(reader.schema, _limited(con, reader, max_rows))
+        return _run(lambda: con.sql(sql).to_arrow_reader(batch_rows))
+
+    def _call(self, fn: Callable):
+        """Run one DuckDB call under the time budget left; map what interrupted it."""
+        with self._lock:
+            if self._closed:
+                raise Unavailable("query is closed")
+            left = self.limits.timeout_s - self._spent
+            if self._expired or left <= 0:
+                raise self._timed_out()
+            self._busy = True
+        watchdog = threading.Timer(left, self._expire)
+        watchdog.daemon = True
+        watchdog.start()
+        started = time.monotonic()
+        try:
+            return _run(fn)
+        except StopIteration:
+            raise
+        except Exception:
+            if self._expired:
+                raise self._timed_out() from None
+            if self._closed:
+                raise Unavailable("query closed while it ran") from None
+            raise
+        finally:
+            watchdog.cancel()
+            self._spent += time.monotonic() - started
+            with self._lock:
+                self._busy = False
+                release = self._closed
+            if release:
+                self._release()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._busy and not self._closed:
+                self._expired = True
+                if self._con is not None:
+                    self._con.interrupt()
+
+    def _timed_out(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"query stopped after {self.limits.timeout_s:g} s of computing (query_timeout_s); "
+                                "narrow it with WHERE or LIMIT, or raise the limit")
+
+    def _release(self) -> None:
+        if self._con is not None:
+            self._con.close()
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+
+
+def remove_leftover_temp(temp_root: str | Path) -> None:
+    """Remove the spill directories that queries of a process that died left under
+    ``temp_root`` (only ``query-*`` directories: what :class:`Query` makes there)."""
+    root = Path(temp_root)
+    if root.is_dir():
+        for path in root.glob(TEMP_PREFIX + "*"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def plan(sql: str, schemas: Mapping[str, pa.Schema], con: duckdb.DuckDBPyConnection | None = None
@@ -408,30 +579,25 @@ def _derived(batch: pa.RecordBatch, name: str) -> pa.Array:
     return pa.array(sums[ends] - sums[ends - lengths])
 
 
-def _limited(con, reader: pa.RecordBatchReader, max_rows: int) -> Iterator[pa.RecordBatch]:
-    """The result's batches, cut at max_rows; closes the connection when done."""
-    left = max_rows if max_rows > 0 else None
-    try:
-        while left is None or left > 0:
-            try:
-                batch = _run(reader.read_next_batch)
-            except StopIteration:
-                return
-            if left is not None:
-                batch = batch.slice(0, left)
-                left -= batch.num_rows
-            yield batch
-    finally:
-        con.close()
-
-
 def _run(fn: Callable):
     try:
         return fn()
+    except duckdb.OutOfMemoryException as e:
+        raise _out_of_memory(e) from None
     except duckdb.Error as e:
         raise InvalidArgument(_one_line(str(e))) from None
-    except pa.ArrowInvalid as e:  # a DuckDB error surfacing through the Arrow stream
-        raise InvalidArgument(_one_line(str(e))) from None
+    except (pa.ArrowInvalid, OSError) as e:  # a DuckDB error surfacing through the Arrow stream
+        if "Out of Memory Error" in str(e):
+            raise _out_of_memory(e) from None
+        if isinstance(e, pa.ArrowInvalid):
+            raise InvalidArgument(_one_line(str(e))) from None
+        raise
+
+
+def _out_of_memory(e: Exception) -> ResourceExhausted:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"  # the rest advises a PRAGMA
+    return ResourceExhausted(f"query needs more memory than it may use (query_memory_bytes, "
+                             f"query_temp_bytes to spill): {first}")
 
 
 def _one_line(message: str) -> str:

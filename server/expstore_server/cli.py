@@ -141,6 +141,7 @@ class Offline:
             raise CliError(f"{path} is not an expstore data dir (no rocksdb/ in it)")
         cfg = config_mod.load(args.config, {"data_dir": str(path)})
         self.where = str(path)
+        self.limits = cfg.query_limits  # the server's query limits, spilling inside the data dir
         self.store, _ = open_store(cfg)
 
     def tables(self) -> list[dict]:
@@ -159,7 +160,7 @@ class Offline:
     def query(self, sql: str, max_rows: int = 0, timeout: float | None = None) -> pa.RecordBatchReader:
         from expstore import query
 
-        return query.query(query.store_sources(self.store), sql, max_rows=max_rows)
+        return query.query(query.store_sources(self.store), sql, max_rows=max_rows, limits=self.limits)
 
     def manifest(self, table: str, step: int):
         return self.store.table(table).manifest(step)
@@ -181,10 +182,15 @@ class Archive:
     """The Lance datasets of a remote tier or archive directory, read-only."""
 
     def __init__(self, args) -> None:
+        import dataclasses
+
         from expstore import query
+        from expstore_server import config as config_mod
 
         self.where = args.remote
         self.sources = query.remote_sources(args.remote)
+        # The query limits of --config (or the defaults); spilling to the system's temp dir.
+        self.limits = dataclasses.replace(config_mod.load(args.config, {}).query_limits, temp_root=None)
 
     def tables(self) -> list[dict]:
         return [{"name": name, "kind": "trajectory" if s.trajectory else "generic", "items": s.dataset.count_rows(),
@@ -202,7 +208,7 @@ class Archive:
     def query(self, sql: str, max_rows: int = 0, timeout: float | None = None) -> pa.RecordBatchReader:
         from expstore import query
 
-        return query.query(self.sources, sql, max_rows=max_rows)
+        return query.query(self.sources, sql, max_rows=max_rows, limits=self.limits)
 
     def manifest(self, table, step):
         raise CliError("manifest needs a server or a data dir; --remote holds only the Lance datasets")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from expstore import query
 from expstore.errors import InvalidArgument
 from expstore.spec import TableSpec
 
@@ -77,9 +78,21 @@ class ServerConfig:
     min_free_disk_bytes: int = 256 << 20  # inserts are refused below this much free disk
     demote_interval_s: float = 1.0  # how often the mover checks SSD watermarks
     metrics_port: int = 0  # Prometheus metrics over HTTP on this port of host; 0: off
+    query_workers: int = 2  # threads of their own that run SQL queries
+    query_queue: int = 4  # open queries beyond query_workers; more are refused
+    query_timeout_s: float = 300.0  # seconds of computing a query may take
+    query_memory_bytes: int = 1 << 30  # DuckDB memory limit of each query
+    query_temp_bytes: int = 1 << 30  # disk each query may spill to (in <data_dir>/query-tmp)
+    query_threads: int = 1  # DuckDB threads of each query
     tokens: tuple[TokenConfig, ...] = ()
     tables: tuple[TableSpec, ...] = field(default_factory=tuple)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
+
+    @property
+    def query_limits(self) -> query.Limits:
+        return query.Limits(timeout_s=self.query_timeout_s, memory_bytes=self.query_memory_bytes,
+                            temp_bytes=self.query_temp_bytes, threads=self.query_threads,
+                            temp_root=str(Path(self.data_dir) / "query-tmp"))
 
     @property
     def audit_path(self) -> Path:
@@ -96,6 +109,11 @@ class ServerConfig:
             raise InvalidArgument(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         if self.workers < 1:
             raise InvalidArgument("workers must be >= 1")
+        if self.query_workers < 1 or self.query_queue < 0 or self.query_threads < 1:
+            raise InvalidArgument("query_workers and query_threads must be >= 1, query_queue >= 0")
+        if not self.query_timeout_s > 0 or self.query_memory_bytes < 16 << 20 or self.query_temp_bytes < 0:
+            raise InvalidArgument("query_timeout_s must be > 0, query_memory_bytes >= 16777216 and "
+                                  "query_temp_bytes >= 0 (0: no spilling)")
         if self.audit_log_max_bytes < 0 or self.audit_log_backups < 1:
             raise InvalidArgument("audit_log_max_bytes must be >= 0 (0: never rotate) and audit_log_backups >= 1")
         if self.max_message_bytes < 1 << 20:

@@ -5,7 +5,8 @@ small thread pool (Arrow and numpy release the GIL, so decoding, gathering and e
 overlap with network I/O) and never block there: blocking calls are made with
 ``timeout=0`` and the coroutine waits for the table's change notifications instead, so
 a thousand producers held back by the rate limiter cost a thousand coroutines, not a
-thousand threads, and can never starve the trainer's calls of workers.
+thousand threads, and can never starve the trainer's calls of workers. SQL queries run
+on threads of their own (``queries.QueryRunner``), never on the engine's.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .clip import MESSAGE_CHARS, clip
 from .config import ServerConfig
 from .errors import status_of
 from .metrics import ServerMetrics, wire_size
+from .queries import QueryRunner
 
 log = logging.getLogger("expstore.server")
 _DURABILITY = {pb.DURABILITY_UNSPECIFIED: None, pb.DURABILITY_MEMORY: "memory",
@@ -191,6 +193,7 @@ class Servicer:
         self.audit = audit
         self.draining = False
         self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix="engine")
+        self.queries = QueryRunner(config.query_workers, config.query_queue, config.query_limits)
         self._signals: weakref.WeakKeyDictionary[Table, _ChangeSignal] = weakref.WeakKeyDictionary()
 
     # -- tables -----------------------------------------------------------------------
@@ -326,26 +329,32 @@ class Servicer:
 
     @rpc("reader")
     async def Query(self, request, context, call):
-        reader = await self._run(lambda: query.query(query.store_sources(self.store), request.sql,
-                                                     max_rows=request.max_rows))
+        """On the query threads (``queries.QueryRunner``), never the engine's; a client
+        that goes away interrupts its query (the ``finally``, on cancellation too)."""
 
         def encode(data) -> bytes:
             return framing.encode(pb.RowsResponse(), ROWS_PAYLOAD, arrow_ipc.encode(data))
 
-        def next_messages() -> list[bytes] | None:  # one result batch, on an engine thread
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
+        def next_messages() -> list[bytes] | None:  # one result batch
+            batch = q.next_batch()
+            if batch is None:
                 return None
             return [encode(part) for part in arrow_ipc.split_rows(batch, self.config.message_bytes)]
 
-        sent = False
-        while (messages := await self._run(next_messages)) is not None:
-            for msg in messages:
-                sent = True
-                yield msg
-        if not sent:  # an empty result still tells the client its schema
-            yield await self._run(encode, reader.schema.empty_table())
+        with self.queries.admit():
+            q = query.Query(self.queries.limits)
+            try:
+                await self.queries.run(lambda: q.start(query.store_sources(self.store), request.sql,
+                                                       max_rows=request.max_rows))
+                sent = False
+                while (messages := await self.queries.run(next_messages)) is not None:
+                    for msg in messages:
+                        sent = True
+                        yield msg
+                if not sent:  # an empty result still tells the client its schema
+                    yield await self.queries.run(encode, q.schema.empty_table())
+            finally:
+                q.close()
 
     # -- training cuts and checkpoints ------------------------------------------------
 
@@ -390,6 +399,7 @@ class Servicer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.queries.close()
 
     async def _run(self, fn: Callable, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

@@ -7,6 +7,9 @@ import json
 import logging
 import re
 import struct
+import subprocess
+import sys
+import threading
 
 import grpc
 import numpy as np
@@ -204,3 +207,120 @@ def test_long_rows_among_short_ones_go_back_in_messages_within_the_limit(server_
         assert got.data.column("traj_id").to_pylist() == \
             long.column("traj_id").to_pylist() + short.column("traj_id").to_pylist()
         assert len(c.sample("long", 42)) == 42
+
+
+# -- SQL queries: time, memory, files, their own threads ------------------------------------
+
+CROSS_JOIN = "SELECT count(*) AS n FROM range(1000000000000) a, range(1000000000) b"
+ENDLESS_CTE = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) AS n FROM r"
+
+
+def run_in_thread(fn) -> tuple[threading.Thread, list]:
+    """Start fn in a thread; the list gets its result or its exception."""
+    out: list = []
+
+    def target():
+        try:
+            out.append(fn())
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            out.append(e)
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_endless_queries_stop_at_their_time_limit_while_inserts_and_stats_go_on(server_factory):
+    s = server_factory("[server]\nquery_timeout_s = 20\n")
+    with Client(s.address) as c:
+        c.create_table("busy")
+        queries = [run_in_thread(lambda sql=sql: c.query_table(sql, timeout=120)) for sql in (CROSS_JOIN, ENDLESS_CTE)]
+        for i in range(5):  # while both queries compute (each has a DuckDB thread busy)
+            assert c.insert("busy", trajectories(4, id_prefix=f"b{i}"), timeout=30).num_inserted == 4
+            assert c.stats("busy")["busy"]["items"] == 4 * (i + 1)
+            assert len(c.sample("busy", 4, timeout=30)) == 4
+        assert all(thread.is_alive() for thread, _ in queries), "the queries were running meanwhile"
+        for thread, out in queries:
+            thread.join(120)
+            err = out[0]
+            assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err
+            assert err.details().startswith("query stopped after 20 s of computing (query_timeout_s)"), err.details()
+        assert c.query_table("SELECT count(*) AS n FROM busy").column("n").to_pylist() == [20]
+
+
+def test_a_query_whose_client_went_away_frees_its_worker(server_factory):
+    s = server_factory()  # two query workers, a five-minute time limit
+    channel, stub = raw_stub(s.address)
+    with Client(s.address) as c:
+        c.create_table("t")
+        c.insert("t", trajectories(3))
+        for sql in (CROSS_JOIN, ENDLESS_CTE, CROSS_JOIN, ENDLESS_CTE):  # each would hold a worker for 5 minutes
+            rpc_error(lambda: list(stub.Query(pb.QueryRequest(sql=sql), timeout=1)), grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert c.query_table("SELECT count(*) AS n FROM t", timeout=60).column("n").to_pylist() == [3]
+        assert c.stats("t")["t"]["items"] == 3
+    channel.close()
+
+
+def test_a_full_query_pool_answers_resource_exhausted(server_factory):
+    s = server_factory("[server]\nquery_workers = 1\nquery_queue = 0\nquery_timeout_s = 8\n")
+    with Client(s.address) as c:
+        thread, out = run_in_thread(lambda: c.query_table(ENDLESS_CTE, timeout=120))
+
+        def refused() -> bool:
+            try:
+                c.query_table("SELECT 1 AS one", timeout=30)
+                return False  # ran before the endless one took the only place
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                assert "query_workers + query_queue" in e.details()
+                return True
+        assert wait_until(refused, timeout=30)
+        thread.join(120)
+        assert out[0].code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert c.query_table("SELECT 1 AS one", timeout=30).column("one").to_pylist() == [1]
+
+
+def test_a_query_past_its_memory_is_resource_exhausted(server_factory):
+    s = server_factory("[server]\nquery_memory_bytes = 16777216\nquery_temp_bytes = 0\n")
+    with Client(s.address) as c:
+        err = rpc_error(lambda: c.query_table("SELECT count(DISTINCT y) AS n FROM (SELECT repeat('a', 100) || x::VARCHAR "
+                                              "AS y FROM range(3000000) t(x))", timeout=120),
+                        grpc.StatusCode.RESOURCE_EXHAUSTED)
+        assert err.details().startswith("query needs more memory than it may use (query_memory_bytes"), err.details()
+        assert c.query_table("SELECT 42 AS x").column("x").to_pylist() == [42]
+
+
+def test_queries_read_no_files_not_even_duckdbs_temp_dir(server_factory, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the server's working directory: DuckDB's default temp dir is ./.tmp
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "secret.csv").write_text("a,b\n1,secret\n")
+    s = server_factory()
+    with Client(s.address) as c:
+        c.create_table("t")
+        for sql in ("SELECT * FROM read_csv('.tmp/secret.csv')", "SELECT * FROM glob('.tmp/*')",
+                    f"SELECT * FROM read_text('{tmp_path}/.tmp/secret.csv')",
+                    f"SELECT * FROM read_text('{s.data_dir}/audit.jsonl')",
+                    f"SELECT * FROM glob('{s.data_dir}/query-tmp/**')",
+                    "SELECT * FROM read_text(current_setting('temp_directory') || '/../../audit.jsonl')"):
+            err = rpc_error(lambda: c.query_table(sql), IA)
+            assert "Permission Error" in err.details() or "disabled" in err.details(), (sql, err.details())
+        # Its own spill directory is private and empty, and gone with the query.
+        assert c.query_table("SELECT count(*) AS n FROM glob(current_setting('temp_directory') || '/*')") \
+            .column("n").to_pylist() == [0]
+        assert wait_until(lambda: list((s.data_dir / "query-tmp").iterdir()) == [])
+
+
+def test_the_offline_cli_query_has_the_same_limits(server_factory, tmp_path):
+    s = server_factory()
+    with Client(s.address) as c:
+        c.create_table("t")
+        c.insert("t", trajectories(3))
+    s.stop()
+    config = tmp_path / "limits.toml"
+    config.write_text("[server]\nquery_timeout_s = 2\n")
+    p = subprocess.run([sys.executable, "-m", "expstore_server.cli", "--data-dir", str(s.data_dir), "--config",
+                        str(config), "query", ENDLESS_CTE], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("expstore: query stopped after 2 s of computing"), p.stderr
+    p = subprocess.run([sys.executable, "-m", "expstore_server.cli", "--data-dir", str(s.data_dir), "--config",
+                        str(config), "query", "SELECT * FROM read_csv('.tmp/x.csv')"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "Permission Error" in p.stderr, p.stderr

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from expstore import query as q
-from expstore.errors import InvalidArgument
+from expstore.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from expstore.schema import TRAJECTORY_V1
 from expstore.spec import TableSpec
 from expstore.store import Store
@@ -172,3 +175,74 @@ def test_archived_items_are_queryable(tmp_path):
     assert "r.archive" in sources
     got = q.query(sources, 'SELECT count(*) AS n, min(item_id) AS lo FROM "r.archive"').read_all()
     assert got.to_pylist() == [{"n": 50, "lo": 1}]
+
+
+# -- limits: time, memory, files, closing from another thread -----------------------------------
+
+ENDLESS = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) AS n FROM r"
+
+
+def test_an_endless_query_stops_at_its_time_limit(store, tmp_path):
+    limits = q.Limits(timeout_s=0.5, temp_root=str(tmp_path / "spill"))
+    with pytest.raises(DeadlineExceeded, match=r"^query stopped after 0.5 s of computing \(query_timeout_s\)"):
+        run(store, ENDLESS, limits=limits)
+    assert list((tmp_path / "spill").iterdir()) == []  # its spill directory went with it
+
+
+def test_time_between_batches_does_not_count(store):
+    reader = q.query(q.store_sources(store), "SELECT i FROM range(300000) t(i)", batch_rows=65_536,
+                     limits=q.Limits(timeout_s=1.0))
+    first = reader.read_next_batch()
+    time.sleep(1.5)  # a slow reader: not the query's computing time
+    assert first.num_rows + sum(b.num_rows for b in reader) == 300_000
+
+
+def test_close_from_another_thread_interrupts_a_running_query(store):
+    query = q.Query(q.Limits(timeout_s=600))
+    started = threading.Event()
+    out: list = []
+
+    def run_it():
+        started.set()
+        try:
+            query.start(q.store_sources(store), ENDLESS)
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+    thread = threading.Thread(target=run_it)
+    thread.start()
+    started.wait()
+    time.sleep(0.3)  # let DuckDB get going (closing earlier is fine too: it never starts)
+    query.close()
+    thread.join(60)
+    assert not thread.is_alive() and isinstance(out[0], Unavailable), out
+    query.close()  # idempotent
+
+
+def test_memory_past_the_limit_is_resource_exhausted(store):
+    limits = q.Limits(memory_bytes=16 << 20, temp_bytes=0)
+    with pytest.raises(ResourceExhausted, match=r"^query needs more memory than it may use"):
+        run(store, "SELECT count(DISTINCT repeat('a', 100) || x::VARCHAR) AS n FROM range(3000000) t(x)", limits=limits)
+    assert run(store, "SELECT count(*) AS n FROM rollouts", limits=limits).column("n").to_pylist() == [300]
+
+
+def test_no_file_is_readable_not_even_in_the_temp_dirs(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "secret.csv").write_text("a,b\n1,secret\n")
+    spill = tmp_path / "spill"
+    other = spill / "query-left-by-another"  # another query's (or a dead process's) spill directory
+    other.mkdir(parents=True)
+    (other / "block.csv").write_text("a\n1\n")
+    (spill / "keep.txt").write_text("not a query's")
+    limits = q.Limits(temp_root=str(spill))
+    for sql in ["SELECT * FROM read_csv('.tmp/secret.csv')", "SELECT * FROM glob('.tmp/*')",
+                f"SELECT * FROM read_csv('{other}/block.csv')", f"SELECT * FROM glob('{spill}/*')",
+                "SELECT * FROM read_text(current_setting('temp_directory') || '/../keep.txt')",
+                "SELECT * FROM read_parquet('/etc/passwd')"]:
+        with pytest.raises(InvalidArgument, match="Permission Error"):
+            run(store, sql, limits=limits)
+    assert run(store, "SELECT count(*) AS n FROM glob(current_setting('temp_directory') || '/*')",
+               limits=limits).column("n").to_pylist() == [0]
+    assert sorted(p.name for p in spill.iterdir()) == ["keep.txt", "query-left-by-another"]  # each removed its own
+    q.remove_leftover_temp(spill)  # what a restarted server does: query-* directories only
+    assert sorted(p.name for p in spill.iterdir()) == ["keep.txt"]
