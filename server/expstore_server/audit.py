@@ -25,7 +25,7 @@ from pathlib import Path
 from .clip import clip
 
 _STOP = None
-_BURST_BYTES = 1 << 20  # lines written (and flushed) together at most
+_BURST_BYTES = 1 << 20  # lines written (and flushed) together at most (and at most max_bytes)
 
 
 class AuditLog:
@@ -35,6 +35,7 @@ class AuditLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
         self._handler.terminator = ""  # lines carry their own newlines; a burst is one record
+        self._burst_bytes = min(_BURST_BYTES, max_bytes) if max_bytes else _BURST_BYTES
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write, name="audit-log", daemon=True)
         self._writer.start()
@@ -53,14 +54,16 @@ class AuditLog:
         self._handler.close()
 
     def _write(self) -> None:
+        pending = None  # a line that did not fit in the last burst
         while True:
-            line = self._queue.get()
-            burst, size = [], 0
+            line = self._queue.get() if pending is None else pending
+            pending, burst, size = None, [], 0
             while line is not _STOP:
+                if burst and size + len(line) > self._burst_bytes:
+                    pending = line
+                    break
                 burst.append(line)
                 size += len(line)
-                if size >= _BURST_BYTES:
-                    break
                 try:
                     line = self._queue.get_nowait()
                 except queue.Empty:
