@@ -88,7 +88,7 @@ def rpc(role: str, *, audit: bool = False):
                 status = grpc.StatusCode.CANCELLED
                 raise
             except Exception:  # a bug: log it, do not leak it
-                log.exception("internal error", extra={"method": method, "table": clip(call.table or "")})
+                log.exception("internal error", extra={"method": method, "table": call.table and clip(call.table)})
                 status, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
             finally:  # queued before the status goes out
                 call.status = status
