@@ -11,6 +11,9 @@ The store stays outside Ray (a server, or shards: deploy/); the actors find it b
 trainer's ``--target`` ("host:port", or "host:port,host:port,..." for shards). Flags
 before ``--`` are the launcher's and the producers'; flags after it are the trainer's
 (``python -m expstore_rl.grpo --help``).
+The bearer token (one for both roles) comes from EXPSTORE_TOKEN, or the trainer's
+``--token``; producers receive it in their environment or as an actor argument, never
+on a command line, which every local user can read.
 What both sides must agree on (server, table, weights location, sampling parameters,
 group size) is taken from the trainer's config and handed to the producers, and the
 launcher makes the table and version 0 before either starts, so no producer races the
@@ -64,13 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def producer_argv(a: argparse.Namespace, cfg: trainer.TrainConfig, index: int) -> list[str]:
     """Flags of ``python -m expstore_rl.producer`` for producer ``index``: the trainer's
-    store, weights and sampling distribution; a seed of its own."""
+    store, weights and sampling distribution; a seed of its own. Never the token: any
+    local user can read a command line (/proc/PID/cmdline); producers get the trainer's
+    token in their environment (``start_producer``) or as an actor argument."""
     argv = ["--server", cfg.target, "--table", cfg.table, "--weights-uri", cfg.weights_uri,
             "--env", a.env, "--engine", a.engine, "--group-size", str(getattr(cfg, "group_size", a.group_size)),
             "--seed", str(cfg.seed + 1 + index), "--max-tokens", str(a.max_tokens), "--max-turns", str(a.max_turns),
             "--concurrency", str(a.concurrency), "--temperature", str(cfg.temperature),
             "--top-k", str(cfg.top_k), "--top-p", str(cfg.top_p), "--log-every", "0"]
-    argv += ["--token", cfg.token] if cfg.token else []  # one token for both: producer and trainer roles
     return argv + (["--num-groups", str(a.num_groups)] if a.num_groups is not None else [])
 
 
@@ -92,12 +96,12 @@ class ProducerActor:
     """A producer in a Ray actor: ``run`` produces until ``stop`` (called on another of
     the actor's threads) or ``num_groups``, then returns the producer's metrics."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], token: str | None = None) -> None:
         import torch
 
         from .producer import from_args
         torch.set_num_threads(1)
-        self.producer, self.num_groups = from_args(argv)
+        self.producer, self.num_groups = from_args(argv, token)
         self.stopping = threading.Event()
 
     def run(self) -> dict:
@@ -128,7 +132,7 @@ def run_ray(a: argparse.Namespace, cfg: trainer.TrainConfig) -> dict[str, Any]:
     try:
         producer_cls = ray.remote(max_concurrency=2)(ProducerActor)  # run() and stop() at once
         producers = [producer_cls.options(num_cpus=a.producer_cpus, num_gpus=a.producer_gpus)
-                     .remote(producer_argv(a, cfg, i)) for i in range(a.producers)]
+                     .remote(producer_argv(a, cfg, i), cfg.token or None) for i in range(a.producers)]
         trained = ray.remote(TrainerActor).options(num_cpus=a.trainer_cpus, num_gpus=a.trainer_gpus).remote()
         actors = producers + [trained]
         runs = [p.run.remote() for p in producers]
@@ -142,12 +146,15 @@ def run_ray(a: argparse.Namespace, cfg: trainer.TrainConfig) -> dict[str, Any]:
             ray.shutdown()
 
 
-def start_producer(argv: list[str], log: Path | None) -> subprocess.Popen:
-    """``python -m expstore_rl.producer`` on one torch thread, its output to ``log``."""
+def start_producer(argv: list[str], log: Path | None, token: str = "") -> subprocess.Popen:
+    """``python -m expstore_rl.producer`` on one torch thread, its output to ``log``, the
+    bearer token in its environment (EXPSTORE_TOKEN), never on its command line."""
     out = log.open("w") if log else subprocess.DEVNULL
+    env = {k: v for k, v in os.environ.items() if k != "EXPSTORE_TOKEN"}
+    env.update({"OMP_NUM_THREADS": "1"}, **({"EXPSTORE_TOKEN": token} if token else {}))
     try:
         return subprocess.Popen([sys.executable, "-m", "expstore_rl.producer", *argv], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                stderr=subprocess.STDOUT, env=env)
     finally:
         if log:
             out.close()  # the child has its own copy
@@ -157,7 +164,7 @@ def run_local(a: argparse.Namespace, cfg: trainer.TrainConfig) -> dict[str, Any]
     logs = Path(a.logs) if a.logs else None
     if logs:
         logs.mkdir(parents=True, exist_ok=True)
-    procs = [start_producer(producer_argv(a, cfg, i), logs / f"producer{i}.log" if logs else None)
+    procs = [start_producer(producer_argv(a, cfg, i), logs / f"producer{i}.log" if logs else None, cfg.token)
              for i in range(a.producers)]
     try:
         return {"trainer": TrainerActor().run(a.algo, cfg)}

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import random
 import sys
 import threading
@@ -195,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m expstore_rl.producer", description=__doc__.split("\n\n")[0])
     p.add_argument("--server", default="127.0.0.1:50051")
     p.add_argument("--table", required=True)
-    p.add_argument("--token", default=None, help="bearer token with the producer role")
+    p.add_argument("--token", default=os.environ.get("EXPSTORE_TOKEN"),
+                   help="bearer token with the producer role (env EXPSTORE_TOKEN: a command line is readable by "
+                        "every local user, the environment is not)")
     p.add_argument("--weights-uri", default=None, help="fsspec uri of published versions (weights.publish)")
     p.add_argument("--env", choices=sorted(ENVS), default="reverse")
     p.add_argument("--engine", choices=["torch", "vllm"], default="torch")
@@ -214,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def from_args(argv: list[str] | None = None) -> tuple[Producer, int | None]:
-    """The producer the CLI flags describe (engine loaded), and its ``--num-groups``."""
+def from_args(argv: list[str] | None = None, token: str | None = None) -> tuple[Producer, int | None]:
+    """The producer the CLI flags describe (engine loaded), and its ``--num-groups``;
+    ``token``, when given, instead of ``--token`` / EXPSTORE_TOKEN."""
     from . import rewards
     from .envs import ENVS
     a = build_parser().parse_args(argv)
@@ -224,7 +228,7 @@ def from_args(argv: list[str] | None = None) -> tuple[Producer, int | None]:
     config = ProducerConfig(concurrency=a.concurrency, seed=a.seed, log_every=a.log_every,
                             agent=agent.AgentConfig(max_turns=a.max_turns, engine_name=a.engine))
     producer = Producer(a.server, a.table, engine, ENVS[a.env], group_size=a.group_size, weights_uri=a.weights_uri,
-                        params=params, token=a.token, reward_fn=getattr(rewards, a.reward) if a.reward else None,
+                        params=params, token=token or a.token, reward_fn=getattr(rewards, a.reward) if a.reward else None,
                         config=config)
     return producer, a.num_groups
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -35,8 +36,9 @@ class TrainConfig:
     """address of the expstore server, or of its shards: "host:port,host:port,..." """
     table: str = "rollouts"
     """trajectory table the producers insert into (created if missing)"""
-    token: str = ""
-    """bearer token with the trainer role ("": the server has no auth)"""
+    token: str = field(default_factory=lambda: os.environ.get("EXPSTORE_TOKEN", ""))
+    """bearer token with the trainer role ("": the server has no auth); default: env
+    EXPSTORE_TOKEN, which unlike a command line other local users cannot read"""
     weights_uri: str = "file:///tmp/expstore_rl/weights"
     """where versions are published (``<uri>/v<N>/``); a run starts from its newest version if any"""
     out: str = "runs/rl"
@@ -112,10 +114,11 @@ def parse(cls: type, argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=cls.__doc__)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         if f.type in (bool, "bool"):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
-            p.add_argument(flag, type=type(f.default), default=f.default)
+            p.add_argument(flag, type=type(default), default=default)
     return cls(**vars(p.parse_args(argv)))
 
 

@@ -1,14 +1,16 @@
 """The launcher against real expstore-servers: producers and a GRPO trainer as Ray actors
 on a local Ray bound to loopback, as local processes, and on a store of two shards."""
 
+import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from expstore_client import Client
-from expstore_rl import grpo, launch, trainer, weights
+from expstore_rl import grpo, launch, producer, trainer, weights
 
 pytestmark = pytest.mark.slow
 TINY = ["--hidden", "64", "--heads", "2", "--layers", "1", "--intermediate", "64"]  # head_dim 32
@@ -93,3 +95,41 @@ def test_a_sharded_store_takes_whole_groups_on_every_shard(server_factory, tmp_p
             assert stats["inserts"] > 0 and stats["inserts"] % 2 == 0  # groups of 2, never split
     with pytest.raises(ValueError, match="orders items across the whole table"):  # newest-first needs one store
         launch.run(["--producers", "0", "--", *trainer_flags(target, tmp_path / "lifo", "newest")])
+
+
+def test_the_token_never_appears_on_a_command_line(server_factory, tmp_path):
+    secret = f"launch-secret-{uuid.uuid4().hex}"
+    server = server_factory(f'[auth]\ntokens = [{{name = "rl", token = "{secret}", roles = ["admin"]}}]\n')
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:  # what any local user may read: every process's command line
+        while not done.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    if secret.encode() in cmdline.read_bytes():
+                        seen.append(cmdline.read_bytes().decode(errors="replace"))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:  # the token reaches the producer (its rows are inserted), through its environment
+        out = launch.run(["--producers", "1", "--max-tokens", "4", "--",
+                          *trainer_flags(server.address, tmp_path, "secured"), "--token", secret])
+    finally:
+        done.set()
+        watcher.join()
+    assert out["trainer"] == {"steps": 2, "policy_version": 2}
+    assert seen == []
+    with Client(server.address, secret) as client:
+        assert client.stats("secured")["secured"]["inserts"] >= 4
+
+
+def test_producer_and_trainer_read_the_token_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EXPSTORE_TOKEN", "from-env")
+    cfg = trainer.parse(grpo.GRPOConfig, [])
+    assert cfg.token == "from-env" and trainer.parse(grpo.GRPOConfig, ["--token", "flag"]).token == "flag"
+    assert producer.build_parser().parse_args(["--table", "t"]).token == "from-env"
+    assert "from-env" not in launch.producer_argv(launch.build_parser().parse_args([]), cfg, 0)
