@@ -113,8 +113,9 @@ def test_a_setsid_double_forked_daemon_dies_with_the_call(then, status):
 def test_the_call_tree_dies_with_the_process_that_called_run():
     needs("processes")
     marker = f"daemon-{uuid.uuid4().hex}"
-    caller = subprocess.Popen([sys.executable, "-c", "import sys\nfrom expstore_rl.sandbox import PYTHON, run\n"
-                               "run([PYTHON, '-I', '-S', '-c', sys.argv[1]])", daemon_then(marker, "time.sleep(20)")])
+    caller = subprocess.Popen([sys.executable, "-c", "import sys\nfrom expstore_rl.sandbox import PYTHON, Limits, run\n"
+                               "run([PYTHON, '-I', '-S', '-c', sys.argv[1]], limits=Limits(wall_s=120))",
+                               daemon_then(marker, "time.sleep(60)")])
     try:
         deadline = time.monotonic() + 60
         while len(host_processes_with(marker)) < 2:  # the command and its daemon
@@ -123,7 +124,8 @@ def test_the_call_tree_dies_with_the_process_that_called_run():
     finally:
         caller.kill()  # a producer killed mid-call
         caller.wait()
-    deadline = time.monotonic() + 30  # the kernel tears the namespace down asynchronously
+    deadline = time.monotonic() + 10  # the kernel tears the namespace down, asynchronously (the
+    # daemon sleeps 30 s, the command 60 s: unkilled, either would outlive this wait)
     while host_processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert host_processes_with(marker) == []
