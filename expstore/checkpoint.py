@@ -10,17 +10,16 @@ are referenced in place, not copied: a restore must use the same remote tier.
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from . import names
+from .errors import AlreadyExists, FailedPrecondition
 from .tiers.rocks import Database
 
 PREFIX = "checkpoints"
-NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
 @dataclass(frozen=True)
@@ -37,9 +36,8 @@ class Checkpointer:
         self.remote = remote  # a tiers.remote.RemoteStore
 
     def create(self, name: str | None = None) -> CheckpointInfo:
-        name = name or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{time.time_ns() % 10**6:06d}"
-        if not NAME.match(name):
-            raise InvalidArgument(f"checkpoint name {name!r} must match {NAME.pattern}")
+        name = names.check_checkpoint(name or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+                                      + f"-{time.time_ns() % 10**6:06d}")
         key = f"{PREFIX}/{name}"
         if key in self.remote.list_sealed(PREFIX):
             raise AlreadyExists(f"checkpoint {name!r} exists at {self.remote.uri}/{key}")

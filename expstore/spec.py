@@ -9,12 +9,12 @@ same everywhere. Item counts are bounded here (``max_size``); byte budgets belon
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import pyarrow as pa
 
+from . import names
 from .errors import FailedPrecondition, InvalidArgument
 
 SAMPLER_TYPES = ("uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap", "group")
@@ -23,7 +23,6 @@ KINDS = ("trajectory", "generic")
 RATE_LIMITER_TYPES = ("min_size", "sample_to_insert_ratio", "queue", "stack", "custom")
 TIERS = ("memory", "ssd", "remote")  # memory only (volatile) | + SSD (durable) | + remote
 DURABILITIES = ("memory", "wal", "fsync")
-TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -134,8 +133,7 @@ class TableSpec:
     vocab_size: int | None = None
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.name, str) and TABLE_NAME.match(self.name) is not None,
-                 f"table name {self.name!r} must match {TABLE_NAME.pattern}")
+        names.check_table(self.name)
         _one_of("kind", self.kind, KINDS)
         _one_of("remover", self.remover, REMOVER_TYPES)
         _require(self.max_size >= 1, "max_size must be >= 1")

@@ -29,6 +29,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from . import names
 from . import schema as protocol
 from .errors import (DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
                      NotFound, ResourceExhausted, Unavailable)
@@ -474,8 +475,7 @@ class Table:
         of expired unacked items, then unread ones. Blocks until at least one is available."""
         if n < 1:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
-        if not group:
-            raise InvalidArgument(f"table {self.name!r}: a stream needs a consumer group name")
+        self._check_group_name(group)
         if visibility_timeout <= 0:
             raise InvalidArgument(f"table {self.name!r}: visibility_timeout must be > 0")
         if start not in ("earliest", "latest"):
@@ -659,8 +659,15 @@ class Table:
     def _group(self, group: str) -> ConsumerGroup:
         g = self._consumers.get(group)
         if g is None:
+            self._check_group_name(group)
             raise NotFound(f"table {self.name!r}: no consumer group {group!r}")
         return g
+
+    def _check_group_name(self, group: str) -> None:
+        try:
+            names.check_consumer_group(group)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"table {self.name!r}: {e}") from None
 
     def manifest(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(item ids, policy versions) sampled for training step ``step``, in order."""
