@@ -91,9 +91,28 @@ class Database:
                 return
             yield key, value
 
+    def flush(self) -> None:
+        """Write every column family's memtable to SST files and wait. rocksdict lets go
+        of the GIL meanwhile: other threads run on (measured: worst gap 15 ms while a
+        38 MB memtable flushed for 330 ms)."""
+        try:
+            for cf in self.cf.values():
+                cf.flush(True)
+            self._db.flush(True)  # the default column family
+        except Exception as e:
+            raise _translate(e, "flushing the SSD tier") from None
+
     def checkpoint(self, path: str | Path) -> None:
-        """A consistent copy of the database at ``path`` (hard links: fast, no pause)."""
-        Checkpoint(self._db).create_checkpoint(str(path))
+        """A consistent copy of the database at ``path``, a directory that must not exist
+        yet (hard links to the SST files). RocksDB flushes the memtables first, and
+        rocksdict's ``create_checkpoint`` holds the GIL throughout (every other thread
+        stopped 390 ms for a 38 MB memtable), so ``flush`` runs first: the flush inside
+        then finds next to nothing (measured: 3-40 ms in all)."""
+        self.flush()
+        try:
+            Checkpoint(self._db).create_checkpoint(str(path))
+        except Exception as e:
+            raise _translate(e, f"taking a checkpoint of the SSD tier into {path}") from None
 
     def free_bytes(self) -> int:
         st = os.statvfs(self.path)
