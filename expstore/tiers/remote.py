@@ -14,6 +14,9 @@ manifest of the next version is written, as one object PUT (S3) or one atomic cr
 cleanup removes such orphans once they are a week old). ``delete`` drops whole fragments from the manifest (no
 deletion vectors); their files are removed once no version younger than ``RETAIN``
 references them, so a scan of an older snapshot in flight keeps working meanwhile.
+A checkpoint copies one version into a dataset of its own: its data files (hard links
+or server-side copies: Lance never rewrites a file) and one commit (``version_files``,
+``clone``), while ``hold`` keeps the cleanup away from them.
 
 Any network or endpoint failure raises ``Unavailable`` naming the URI, so callers retry
 with backoff and health can report degraded; after one, the tier re-reads the latest
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -50,6 +54,11 @@ except ImportError:  # pragma: no cover - without s3fs there are no botocore err
     _BotoError = OSError
 
 _INTERNAL = ("_chunk", "_nbytes")
+
+
+def dataset_key(table: str) -> str:
+    """Where a table's (or archive's) Lance dataset lives under the remote tier's URI."""
+    return f"tables/{table}.lance"
 
 
 def lance_storage_options(endpoint: str | None = None, region: str | None = None, key: str | None = None,
@@ -116,7 +125,8 @@ class RemoteTier:
     RETAIN = timedelta(minutes=10)   # old versions (and dropped fragments' files) are kept this long
 
     def __init__(self, uri: str, table: str, *, storage_options: dict | None = None, budget: int = 2**62) -> None:
-        self.uri = f"{uri.rstrip('/')}/tables/{table}.lance"
+        self.key = dataset_key(table)
+        self.uri = f"{uri.rstrip('/')}/{self.key}"
         self._options = storage_options
         self._budget = budget
         self._ds: lance.LanceDataset | None = None
@@ -126,6 +136,7 @@ class RemoteTier:
         self._nbytes = 0
         self._stale = False                    # a write failed: its commit may have landed
         self._cleaned = time.monotonic()
+        self._holds = 0                        # while > 0, no version's files are cleaned up
         self._pool = ThreadPoolExecutor(self.READERS, thread_name_prefix="remote-tier")
         with _unavailable(f"remote tier {self.uri}"):
             self._sync()
@@ -256,9 +267,48 @@ class RemoteTier:
         """At most once per RETAIN, after a commit: remove versions older than RETAIN and the
         files only they reference (dropped fragments). Keeps the version listing each commit
         does, and the bucket, from growing without bound."""
-        if time.monotonic() - self._cleaned >= self.RETAIN.total_seconds():
+        if not self._holds and time.monotonic() - self._cleaned >= self.RETAIN.total_seconds():
             self._ds.cleanup_old_versions(older_than=self.RETAIN)
             self._cleaned = time.monotonic()
+
+    # -- copies (checkpoints) -------------------------------------------------------------
+
+    @property
+    def version(self) -> int | None:
+        """The dataset version this tier reads and writes; None before its first put."""
+        return self._ds.version if self._ds is not None else None
+
+    def hold(self) -> None:
+        """Keep every version's files from cleanup until ``release``: a copy of a version
+        (``version_files``) is under way, however long it takes."""
+        self._holds += 1
+
+    def release(self) -> None:
+        self._holds -= 1
+
+    def version_files(self, version: int) -> list[str]:
+        """The data files of ``version``, relative to the dataset: what a copy of the
+        version needs besides its manifest (``clone`` writes that). Reads the version's
+        manifest only; safe beside the tier's own use."""
+        with _unavailable(f"remote tier {self.uri}: version {version}"):
+            ds = lance.dataset(self.uri, version=version, storage_options=self._options)
+            files = []
+            for fragment in ds.get_fragments():
+                meta = fragment.metadata
+                if meta.deletion_file is not None or any(f.base_id is not None for f in meta.files):
+                    raise ExpstoreError(f"remote tier {self.uri}: fragment {meta.id} has a deletion file or "
+                                        f"a data file in another base: this tier writes neither; cannot copy it")
+                files += [f"data/{f.path}" for f in meta.files]
+        return files
+
+    def clone(self, version: int, dest_uri: str) -> None:
+        """Make ``dest_uri``, where the caller copied ``version_files(version)`` under the
+        same relative paths, a dataset of its own holding exactly ``version``'s fragments
+        (one Overwrite commit): no later change or cleanup of this dataset reaches it."""
+        with _unavailable(f"remote tier {self.uri}: clone version {version} to {dest_uri}"):
+            ds = lance.dataset(self.uri, version=version, storage_options=self._options)
+            lance.LanceDataset.commit(dest_uri, lance.LanceOperation.Overwrite(
+                ds.schema, [f.metadata for f in ds.get_fragments()]), storage_options=self._options)
 
     def scan(self, columns: list[str] | None = None, filter: str | None = None, *,
              with_chunk: bool = False) -> pa.RecordBatchReader:
@@ -276,11 +326,16 @@ class RemoteTier:
 class RemoteStore:
     """Plain sealed objects under ``uri`` (checkpoints), through fsspec.
 
-    A single object is sealed by the store itself: on S3 a PUT (or multipart upload) is
-    visible whole or not at all; on a local disk it is written aside and renamed. A
-    directory is sealed by a ``_SEALED`` object written last, listing each file's size: a
-    prefix without one is an upload in progress or a crashed one, and ``get_dir`` refuses it.
-    A sealed prefix is immutable (``put_dir`` onto one raises AlreadyExists)."""
+    A single object is sealed by the store itself: on S3 a PUT (multipart upload, or
+    server-side copy) is visible whole or not at all; on a local disk it is written aside
+    and renamed. A directory is sealed by a ``_SEALED`` object written last, listing each
+    file's relative path and size: a prefix without one is an upload in progress or a
+    crashed one, and reading it is refused. A sealed prefix is immutable (uploading into
+    or sealing it again raises AlreadyExists).
+
+    Keys, and the paths a seal lists, are relative and ``/``-separated, without empty,
+    ``.`` or ``..`` parts: a crafted seal makes a download write (or read) nothing outside
+    the directory and prefix it names; it is refused whole before anything is written."""
 
     MARKER = "_SEALED"
 
@@ -291,12 +346,17 @@ class RemoteStore:
         self._local = "file" in self.fs.protocol
 
     def _path(self, key: str) -> str:
-        return f"{self._root}/{key.strip('/')}" if key.strip("/") else self._root
+        key = key.strip("/")
+        if not key:
+            return self._root
+        return f"{self._root}/{_relative(key, f'remote store {self.uri}: key', InvalidArgument)}"
 
     @contextmanager
     def _io(self, what: str) -> Iterator[None]:
         with _unavailable(f"remote store {self.uri}: {what}"):
             yield
+
+    # -- single objects -----------------------------------------------------------------
 
     def put_file(self, local_path: str | Path, key: str) -> None:
         with self._io(f"put {key}"):
@@ -311,40 +371,133 @@ class RemoteStore:
         self.fs.put_file(local, tmp)
         os.replace(tmp, path)
 
+    def put_bytes(self, data: bytes, key: str) -> None:
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(data)
+            f.flush()
+            self.put_file(f.name, key)
+
+    def read(self, key: str) -> bytes:
+        with self._io(f"read {key}"):
+            try:
+                return self.fs.cat_file(self._path(key))
+            except FileNotFoundError:
+                raise NotFound(f"{self.uri}/{key} does not exist") from None
+
+    def exists(self, key: str) -> bool:
+        """Whether an object, or any object under ``key``/, exists."""
+        path = self._path(key)
+        with self._io(f"exists {key}"):
+            self.fs.invalidate_cache(path)
+            return self.fs.exists(path)
+
+    def copy(self, keys: dict[str, str], into: "RemoteStore | None" = None) -> None:
+        """Copy objects ``{key here: key in into}`` (``into`` defaults to this store): a hard
+        link (or a copy) on a local disk, a server-side copy where one filesystem holds both
+        (S3 CopyObject, concurrently), else through a local temporary file."""
+        into = into or self
+        pairs = [(self._path(src), into._path(dst)) for src, dst in keys.items()]
+        with self._io(f"copy {len(pairs)} objects to {into.uri}"), _missing_is_not_found(self.uri):
+            if self._local and into._local:
+                for src, dst in pairs:
+                    _link_or_copy(src, dst)
+            elif self.fs is into.fs and pairs:
+                self.fs.copy([src for src, _ in pairs], [dst for _, dst in pairs])
+            else:
+                for src, dst in pairs:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        self.fs.get_file(src, f"{tmp}/object")
+                        into._put(f"{tmp}/object", dst)
+
+    def sizes(self, key_prefix: str) -> dict[str, int]:
+        """Every object under ``key_prefix``/, by path relative to it, with its size."""
+        path = self._path(key_prefix)
+        with self._io(f"list {key_prefix}"):
+            self.fs.invalidate_cache(path)
+            try:
+                found = self.fs.find(path, detail=True)
+            except FileNotFoundError:
+                return {}
+        root = self.fs._strip_protocol(path).rstrip("/") + "/"
+        return {p[len(root):]: int(info["size"]) for p, info in found.items()
+                if p.startswith(root) and info.get("type") != "directory"}
+
+    # -- sealed prefixes ----------------------------------------------------------------
+
+    def is_sealed(self, key_prefix: str) -> bool:
+        return self.exists(f"{key_prefix}/{self.MARKER}")
+
+    def put_files(self, local_dir: str | Path, key_prefix: str) -> dict[str, int]:
+        """Upload every file under ``local_dir`` into the (unsealed) prefix; returns their
+        relative paths and sizes, for ``seal``."""
+        local_dir = Path(local_dir)
+        files = {p.relative_to(local_dir).as_posix(): p.stat().st_size
+                 for p in sorted(local_dir.rglob("*")) if p.is_file()}
+        if self.is_sealed(key_prefix):
+            raise AlreadyExists(f"{self.uri}/{key_prefix} is already sealed; sealed prefixes are immutable")
+        with self._io(f"put_dir {key_prefix}"):
+            for rel in files:
+                self._put(str(local_dir / rel), self._path(f"{key_prefix}/{rel}"))
+        return files
+
+    def seal(self, key_prefix: str, files: dict[str, int]) -> None:
+        """Write the prefix's ``_SEALED`` object, listing ``files`` (relative path -> size),
+        all of which must be in place: from now on the prefix is readable and immutable."""
+        for rel in files:
+            _relative(rel, f"remote store {self.uri}: {key_prefix}: file", InvalidArgument)
+        if self.is_sealed(key_prefix):
+            raise AlreadyExists(f"{self.uri}/{key_prefix} is already sealed; sealed prefixes are immutable")
+        self.put_bytes(json.dumps({"files": files}).encode(), f"{key_prefix}/{self.MARKER}")
+
     def put_dir(self, local_dir: str | Path, key_prefix: str) -> None:
         """Upload every file under ``local_dir``, then seal the prefix."""
-        local_dir = Path(local_dir)
-        files = sorted(p for p in local_dir.rglob("*") if p.is_file())
-        manifest = {"files": {p.relative_to(local_dir).as_posix(): p.stat().st_size for p in files}}
-        with self._io(f"put_dir {key_prefix}"):
-            marker = self._path(f"{key_prefix}/{self.MARKER}")
-            if self.fs.exists(marker):
-                raise AlreadyExists(f"{self.uri}/{key_prefix} is already sealed; sealed prefixes are immutable")
-            for rel in manifest["files"]:
-                self._put(str(local_dir / rel), self._path(f"{key_prefix}/{rel}"))
-            with tempfile.NamedTemporaryFile("w", suffix=self.MARKER) as f:
-                json.dump(manifest, f)
-                f.flush()
-                self._put(f.name, marker)
+        self.seal(key_prefix, self.put_files(local_dir, key_prefix))
 
-    def get_dir(self, key_prefix: str, local_dir: str | Path) -> Path:
-        """Download a sealed prefix into ``local_dir``; NotFound for an unsealed one,
-        ExpstoreError (INTERNAL) if a listed file has another size than its seal says."""
+    def sealed_files(self, key_prefix: str) -> dict[str, int]:
+        """The files a sealed prefix holds (relative path -> size). NotFound for an unsealed
+        prefix; DataLoss for a seal that is not what ``seal`` writes, or that lists a path
+        leaving the prefix (``..``, an absolute path)."""
+        try:
+            raw = self.read(f"{key_prefix}/{self.MARKER}")
+        except NotFound:
+            raise NotFound(f"{self.uri}/{key_prefix} is not sealed (no {self.MARKER}): "
+                           "an upload in progress, a crashed one, or nothing") from None
+        where = f"remote store {self.uri}: the seal of {key_prefix}"
+        try:
+            files = json.loads(raw)["files"]
+        except (ValueError, TypeError, KeyError):
+            raise DataLoss(f"{where} is not a list of files; refusing to read the prefix") from None
+        if not isinstance(files, dict):
+            raise DataLoss(f"{where} is not a list of files; refusing to read the prefix")
+        for rel, size in files.items():
+            _relative(rel, f"{where} lists", DataLoss)
+            if rel.split("/")[-1] == self.MARKER or type(size) is not int or size < 0:
+                raise DataLoss(f"{where} lists {rel!r} with size {size!r}; refusing to read the prefix")
+        return files
+
+    def get_files(self, key_prefix: str, files: dict[str, int], local_dir: str | Path) -> Path:
+        """Download ``files`` (relative path -> size, from ``sealed_files``) of a prefix into
+        ``local_dir``; DataLoss if one has another size than listed."""
         local_dir = Path(local_dir)
+        for rel in files:
+            _relative(rel, f"remote store {self.uri}: {key_prefix}: file", DataLoss)
         with self._io(f"get_dir {key_prefix}"):
-            try:
-                manifest = json.loads(self.fs.cat_file(self._path(f"{key_prefix}/{self.MARKER}")))
-            except FileNotFoundError:
-                raise NotFound(f"{self.uri}/{key_prefix} is not sealed (no {self.MARKER}): "
-                               "an upload in progress, a crashed one, or nothing") from None
-            for rel, size in manifest["files"].items():
+            for rel, size in files.items():
                 dest = local_dir / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(self._path(f"{key_prefix}/{rel}"), str(dest))
+                try:
+                    self.fs.get_file(self._path(f"{key_prefix}/{rel}"), str(dest))
+                except FileNotFoundError:
+                    raise DataLoss(f"remote store {self.uri}: {key_prefix}/{rel}, listed in its seal, "
+                                   f"is missing") from None
                 if dest.stat().st_size != size:
                     raise DataLoss(f"remote store {self.uri}: {key_prefix}/{rel} has {dest.stat().st_size}"
-                                        f" bytes, its seal says {size}")
+                                   f" bytes, its seal says {size}")
         return local_dir
+
+    def get_dir(self, key_prefix: str, local_dir: str | Path) -> Path:
+        """Download a sealed prefix into ``local_dir`` (see ``sealed_files``, ``get_files``)."""
+        return self.get_files(key_prefix, self.sealed_files(key_prefix), local_dir)
 
     def list_sealed(self, prefix: str = "") -> list[str]:
         """Key prefixes under ``prefix`` that are sealed, sorted."""
@@ -375,3 +528,31 @@ class RemoteStore:
                 self.fs.info(self._root, refresh=True)
             except FileNotFoundError:
                 pass
+
+
+def _relative(path: object, what: str, error: type[ExpstoreError]) -> str:
+    """``path`` if it is relative and stays where it is put (no empty, ``.`` or ``..``
+    part, no backslash or NUL); else ``error`` naming it."""
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "\0" in path \
+            or any(part in ("", ".", "..") for part in path.split("/")):
+        raise error(f"{what} {path!r}: not a relative path inside its directory")
+    return path
+
+
+@contextmanager
+def _missing_is_not_found(where: str) -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise NotFound(f"remote store {where}: {e.filename or e} does not exist") from None
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """``dst`` as a hard link to ``src`` (a copy across filesystems), appearing whole."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = f"{dst}.tmp-{uuid.uuid4().hex}"
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)

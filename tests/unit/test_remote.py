@@ -3,6 +3,7 @@ sealed checkpoint objects, and Unavailable when the S3 endpoint is down."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -171,6 +172,64 @@ def test_a_file_of_another_size_than_its_seal_is_reported(tmp_path):
     (tmp_path / "remote" / "s" / "a.bin").write_bytes(b"short")
     with pytest.raises(DataLoss, match="a.bin has 5 bytes, its seal says 1000"):
         store.get_dir("s", tmp_path / "dst")
+
+
+@pytest.mark.parametrize("path", ["../../x", "sub/../../x", "/tmp/expstore-abs-seal", "sub//b.txt", ".", ""])
+def test_a_seal_listing_a_path_outside_its_prefix_is_refused_before_anything_is_written(store, tmp_path, path):
+    _files(tmp_path / "src")
+    store.put_files(tmp_path / "src", "evil")
+    store.put_bytes(json.dumps({"files": {"a.bin": 1000, path: 5}}).encode(), "evil/_SEALED")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(DataLoss, match="not a relative path inside its directory"):
+        store.get_dir("evil", tmp_path / "dst" / "deep")
+    assert sorted(tmp_path.rglob("*")) == before and not Path("/tmp/expstore-abs-seal").exists()
+    with pytest.raises(InvalidArgument, match="not a relative path"):
+        store.put_file(tmp_path / "src" / "a.bin", "a/../../b")
+
+
+@pytest.mark.parametrize("seal", [b"not json", b"[]", b'{"files": ["a.bin"]}', b'{"files": {"a.bin": -1}}',
+                                  b'{"files": {"a.bin": "1000"}}', b'{"files": {"_SEALED": 3}}'])
+def test_a_seal_that_is_not_a_list_of_files_is_data_loss(tmp_path, seal):
+    store = RemoteStore((tmp_path / "remote").as_uri())
+    _files(tmp_path / "src")
+    store.put_files(tmp_path / "src", "s")
+    store.put_bytes(seal, "s/_SEALED")
+    with pytest.raises(DataLoss, match="refusing to read the prefix"):
+        store.get_dir("s", tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
+
+
+def test_copy_is_server_side_or_a_link_and_sizes_lists_a_prefix(store, tmp_path):
+    _files(tmp_path / "src")
+    store.put_files(tmp_path / "src", "a")
+    store.copy({"a/a.bin": "b/x/a.bin", "a/sub/b.txt": "b/b.txt"})
+    assert store.sizes("b") == {"x/a.bin": 1000, "b.txt": 5} and store.sizes("nothing") == {}
+    assert store.read("b/b.txt") == b"hello" and store.exists("b/x") and not store.exists("c")
+    other = RemoteStore((tmp_path / "other").as_uri())
+    store.copy({"a/sub/b.txt": "y/b.txt"}, into=other)
+    assert (tmp_path / "other" / "y" / "b.txt").read_bytes() == b"hello"
+    with pytest.raises(NotFound, match="does not exist"):
+        store.copy({"a/missing": "b/missing"})
+
+
+def test_a_version_copied_and_cloned_outlives_the_cleanup_of_its_source(tmp_path, local):
+    local.RETAIN = timedelta(0)
+    for c in range(3):
+        local.put(c, chunk(4, seed=c))
+    version = local.version
+    store = RemoteStore(tmp_path.as_uri())
+    local.hold()
+    local.delete([0, 1])  # a commit: the cleanup it would run is held off
+    assert len(list((tmp_path / "tables" / "t.lance" / "data").iterdir())) == 3
+    store.copy({f"tables/t.lance/{rel}": f"copy/tables/t.lance/{rel}" for rel in local.version_files(version)})
+    local.clone(version, f"{store.uri}/copy/tables/t.lance")
+    local.release()
+    local.delete([2])  # now the cleanup removes the dropped fragments' files
+    assert not any((tmp_path / "tables" / "t.lance" / "data").iterdir())
+    copy = RemoteTier(f"{store.uri}/copy", "t")
+    assert sorted(copy.chunk_ids()) == [0, 1, 2]
+    assert all(same(b, chunk(4, seed=c)) for c, b in copy.get([0, 1, 2]).items())
+    copy.close()
 
 
 def test_a_down_endpoint_is_unavailable_until_it_is_back():
