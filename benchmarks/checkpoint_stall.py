@@ -82,12 +82,12 @@ def run(rounds: int, fill: int = FILL) -> dict:
         c.close()
     summary = {}
     for probe in ("insert", "describe"):
-        worst = {k: [x[f"{probe}_worst_ms"] for x in v] for k, v in out.items()}
-        summary[probe] = {"baseline_worst_ms_median": statistics.median(worst["baseline"]),
-                          "baseline_worst_ms_max": max(worst["baseline"]),
-                          "checkpoint_worst_ms_median": statistics.median(worst["checkpoint"]),
-                          "checkpoint_worst_ms_max": max(worst["checkpoint"]),
-                          "extra_ms_median": statistics.median(worst["checkpoint"]) - statistics.median(worst["baseline"])}
+        without, with_ = ([x[f"{probe}_worst_ms"] for x in out[k]] for k in ("baseline", "checkpoint"))
+        summary[probe] = {"baseline_worst_ms_median": statistics.median(without),
+                          "baseline_worst_ms_max": max(without),
+                          "checkpoint_worst_ms_median": statistics.median(with_),
+                          "checkpoint_worst_ms_max": max(with_),
+                          "extra_ms_median": statistics.median(with_) - statistics.median(without)}
     summary["checkpoint_s_median"] = statistics.median(x["checkpoint_s"] for x in out["checkpoint"])
     return {"rounds": out, "summary": summary}
 
