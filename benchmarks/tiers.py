@@ -497,7 +497,7 @@ def _checkpoint_pair(store: Store, tmp: Path, remote: RemoteStore, fs: fsspec.Ab
     exp, ceil, links = [], [], []
     num_bytes = 0
     for r in range(rounds):
-        info = Checkpointer(store.db, remote).create(f"{label}-{r}")
+        info = Checkpointer(store, remote).create(f"{label}-{r}")
         exp.append(info.seconds)
         num_bytes = info.num_bytes
         src = tmp / f"ckpt-src-{r}"

@@ -4,6 +4,8 @@ A registry lock guards the name -> table map only; each table has its own lock, 
 on one table never waits for another. With a data dir, the store opens its RocksDB (under
 an exclusive lock: one server per dir), records each durable table's config in the meta
 column family and restores every durable table at start. Memory-only tables are volatile.
+``checkpoint`` snapshots the data dir and the versions of the tables' remote datasets as
+of one instant (``expstore.checkpoint`` uploads them).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Callable
 
 from rocksdict import WriteBatch
 
-from .errors import AlreadyExists, ExpstoreError, NotFound
+from .errors import AlreadyExists, ExpstoreError, FailedPrecondition, NotFound
 from .proto import arrow_ipc
 from .spec import TableSpec
 from .table import Storage, Table
@@ -121,6 +123,53 @@ class Store:
             self.db.close()
             self.db = None
 
+    # -- checkpoints --------------------------------------------------------------------
+
+    def checkpoint(self, path: str | Path) -> list[tuple[Table, object, int | None]]:
+        """A RocksDB checkpoint of the data dir at ``path`` (a directory that must not
+        exist yet) and, as of the same instant, the version of every remote dataset the
+        tables use: ``(table, tier, version)`` per remote tier, version None where the
+        dataset does not exist yet. Together they are what a crash at that instant would
+        leave. Each tier is held (``RemoteTier.hold``: no cleanup of any version's files)
+        until ``release``.
+
+        No remote commit may be in flight at that instant, so it is taken holding every
+        table's ``remote_lock``. They are taken without waiting (a demotion may hold one
+        for seconds while it uploads, and holding the others meanwhile would stall their
+        reads), after the memtables were flushed outside them: they are held for the few
+        milliseconds of RocksDB's own checkpoint only."""
+        if self.db is None:
+            raise FailedPrecondition("a store without a data dir has nothing to checkpoint")
+        self.db.flush()
+        while True:
+            tables = self._remote_tables()
+            locks = [t.remote_lock for t in tables]
+            busy = _acquire_all(locks)
+            if busy is not None:
+                with busy:  # wait for it holding nothing, then try again
+                    continue
+            try:
+                if self._remote_tables() != tables:  # a table was created or dropped meanwhile
+                    continue
+                self.db.checkpoint(path)
+                held = [(t, tier, tier.version) for t in tables for tier in t.remote_tiers()]
+                for _, tier, _ in held:
+                    tier.hold()
+                return held
+            finally:
+                for lock in locks:
+                    lock.release()
+
+    def release(self, held: list[tuple[Table, object, int | None]]) -> None:
+        """Let the cleanup of the tiers ``checkpoint`` held go on."""
+        for table, tier, _ in held:
+            with table.remote_lock:
+                tier.release()
+
+    def _remote_tables(self) -> list[Table]:
+        # Without the registry lock: drop_table holds it while it waits for a remote_lock.
+        return sorted((t for t in self._tables.copy().values() if t.remote_tiers()), key=lambda t: t.name)
+
     # -- persistence ------------------------------------------------------------------
 
     def _open(self, spec: TableSpec, storage: Storage | None) -> Table:
@@ -164,4 +213,12 @@ class Store:
         return f"no table {name!r} (tables: {', '.join(known) if known else 'none'})"
 
 
-
+def _acquire_all(locks: list[threading.Lock]) -> threading.Lock | None:
+    """Acquire every lock without waiting; at the first busy one, release those taken and
+    return it."""
+    for i, lock in enumerate(locks):
+        if not lock.acquire(blocking=False):
+            for taken in locks[:i]:
+                taken.release()
+            return lock
+    return None

@@ -754,6 +754,18 @@ class Table:
         with self._chunks.placement.remote_lock:
             return self._archive.tier.scan(None if columns is None else list(columns), filter)
 
+    def remote_tiers(self) -> list:
+        """The table's remote tiers (its chunks', its archive's), for checkpoints: their
+        state (``version``, ``hold``) only while holding ``remote_lock``."""
+        tiers = [self._chunks.placement.remote, self._archive.tier if self._archive is not None else None]
+        return [t for t in tiers if t is not None]
+
+    @property
+    def remote_lock(self) -> threading.Lock:
+        """Held by every use of the remote tiers: while it is held, none of their datasets
+        gets a commit."""
+        return self._chunks.placement.remote_lock
+
     def __len__(self) -> int:
         return len(self._index)
 

@@ -90,8 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", help="PEM private key")
     p.add_argument("--remote-uri", help="remote tier: file://DIR or s3://bucket/prefix "
                                         "(default file://<data-dir>/remote)")
-    p.add_argument("--restore-checkpoint", metavar="NAME",
-                   help="first download checkpoint NAME from the remote tier into the (empty) data dir")
+    p.add_argument("--restore-checkpoint", metavar="URI",
+                   help="first restore a checkpoint into the (empty) data dir and the remote tier: its URI "
+                        "(.../checkpoints/NAME, as Checkpoint reports it; another server's, as a restored "
+                        "server needs a remote tier of its own), or a NAME in the remote tier")
     return p
 
 
@@ -113,13 +115,14 @@ def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = No
     fs_args = dict(endpoint=r.endpoint, region=r.region, key=r.access_key_id, secret=r.secret())
     remote_store = RemoteStore(uri, fs=fsspec_filesystem(uri, **fs_args))
     if restore_checkpoint:
-        checkpoint.restore(remote_store, restore_checkpoint, cfg.data_dir)
+        source, name = checkpoint.locate(restore_checkpoint, remote_store)
+        checkpoint.restore(source, name, cfg.data_dir, remote_store)
     options = lance_storage_options(**fs_args) if uri.startswith(("s3://", "s3a://")) else None
     store = Store(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
                   min_free_bytes=cfg.min_free_disk_bytes)
     for spec in cfg.tables:  # restored on a restart: the same config is no error
         store.create_table(spec, if_not_exists=True)
-    return store, checkpoint.Checkpointer(store.db, remote_store)
+    return store, checkpoint.Checkpointer(store, remote_store)
 
 
 async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = None) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from datetime import timedelta
 
 import grpc
+import lance
 import pytest
 import s3server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,22 +40,28 @@ def test_checkpoint_does_not_block_inserts_and_restores_into_a_fresh_data_dir(tm
     writer.start()
     info = c.checkpoint("ckpt-1")
     stop.set()
-    writer.join()
+    writer.join()  # an insert that failed would have ended the writer early, with an error
     assert info["name"] == "ckpt-1" and info["uri"].endswith("/checkpoints/ckpt-1") and info["num_bytes"] > 0
-    assert during, "no insert completed while the checkpoint was taken"
+    assert len(during) >= 2, "inserts did not go on while the checkpoint was taken"
     err = rpc_error(lambda: c.checkpoint("ckpt-1"), grpc.StatusCode.ALREADY_EXISTS)
     assert "ckpt-1" in err.details()
     server.stop()
 
-    restored = start_server(tmp_path / "b", None, remote, "--restore-checkpoint", "ckpt-1")
+    # A restored server gets a remote tier of its own (here b's default, file://<b>/remote)
+    # and reads the checkpoint by its URI.
+    restored = start_server(tmp_path / "b", None, "--restore-checkpoint", info["uri"])
     ids = stored_traj_ids(Client(restored.address), "t", "check")
     assert {f"before-{i}" for i in range(300)} <= set(ids) and len(ids) == len(set(ids))
     restored.stop()
-    # Restoring needs an empty data dir and a sealed checkpoint.
+    # Restoring needs an empty data dir, a sealed checkpoint, and another remote tier than
+    # the server's it was taken from: nothing is written when one is missing.
     with pytest.raises(RuntimeError, match="already holds a database"):
-        start_server(tmp_path / "b", None, remote, "--restore-checkpoint", "ckpt-1")
+        start_server(tmp_path / "b", None, "--restore-checkpoint", info["uri"])
     with pytest.raises(RuntimeError, match="is not sealed"):
         start_server(tmp_path / "c", None, remote, "--restore-checkpoint", "nope")
+    with pytest.raises(RuntimeError, match="needs a remote tier of its own"):
+        start_server(tmp_path / "d", None, remote, "--restore-checkpoint", "ckpt-1")
+    assert not (tmp_path / "d" / "rocksdb").exists()
 
 
 def test_a_server_on_s3_checkpoints_there_and_reports_its_remote_tier_healthy(tmp_path):
@@ -85,10 +93,39 @@ def test_a_server_on_s3_checkpoints_there_and_reports_its_remote_tier_healthy(tm
         info = c.checkpoint("s3-ckpt")
         assert info["uri"] == f"s3://{bucket}/expstore/checkpoints/s3-ckpt"
         server.stop(signal.SIGTERM)
-        restored = start_server(tmp_path / "b", config, "--restore-checkpoint", "s3-ckpt", env=env)
+        # Its own remote tier: the same bucket, another prefix (server-side copies).
+        own = config.replace(f"s3://{bucket}/expstore", f"s3://{bucket}/restored")
+        restored = start_server(tmp_path / "b", own, "--restore-checkpoint", info["uri"], env=env)
         rc = Client(restored.address)
         assert sorted(stored_traj_ids(rc, "t", "check")) == sorted(f"x-{i}" for i in range(200))
         restored.stop()
     finally:
         s3.stop()
     assert "TEST_S3_SECRET" not in os.environ
+
+
+def test_a_checkpoint_keeps_its_remote_chunks_after_the_live_server_frees_and_cleans_them(tmp_path):
+    config = """
+    [[tables]]
+    name = "t"
+    tiers = "remote"
+    ssd_bytes = 200000
+    """
+    server = start_server(tmp_path / "a", config)
+    c = Client(server.address)
+    c.insert("t", trajectories(200, tokens=512, id_prefix="x"))
+    assert wait_until(lambda: c.stats("t")["t"]["remote_chunks"] > 0, timeout=30), c.stats("t")
+    info = c.checkpoint("demoted")
+    # The live server frees every chunk, and Lance removes their files at once.
+    c.drop_table("t")
+    dataset = tmp_path / "a" / "remote" / "tables" / "t.lance"
+    assert wait_until(lambda: not lance.dataset(str(dataset)).get_fragments(), timeout=30)
+    lance.dataset(str(dataset)).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+    assert not any((dataset / "data").iterdir())
+    server.stop()
+
+    restored = start_server(tmp_path / "b", config, "--restore-checkpoint", info["uri"])
+    rc = Client(restored.address)
+    assert rc.stats("t")["t"]["remote_chunks"] > 0
+    assert sorted(stored_traj_ids(rc, "t", "check")) == sorted(f"x-{i}" for i in range(200))
+    restored.stop()
