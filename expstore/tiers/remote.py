@@ -429,7 +429,9 @@ class RemoteStore:
 
     def put_files(self, local_dir: str | Path, key_prefix: str) -> dict[str, int]:
         """Upload every file under ``local_dir`` into the (unsealed) prefix; returns their
-        relative paths and sizes, for ``seal``."""
+        relative paths and sizes, for ``seal``. On a local disk each is a hard link where
+        one filesystem holds both (a copy otherwise): the files must never change after
+        (a RocksDB checkpoint's never do)."""
         local_dir = Path(local_dir)
         files = {p.relative_to(local_dir).as_posix(): p.stat().st_size
                  for p in sorted(local_dir.rglob("*")) if p.is_file()}
@@ -437,7 +439,8 @@ class RemoteStore:
             raise AlreadyExists(f"{self.uri}/{key_prefix} is already sealed; sealed prefixes are immutable")
         with self._io(f"put_dir {key_prefix}"):
             for rel in files:
-                self._put(str(local_dir / rel), self._path(f"{key_prefix}/{rel}"))
+                put = _link_or_copy if self._local else self._put
+                put(str(local_dir / rel), self._path(f"{key_prefix}/{rel}"))
         return files
 
     def seal(self, key_prefix: str, files: dict[str, int]) -> None:
