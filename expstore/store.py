@@ -140,6 +140,9 @@ class Store:
         milliseconds of RocksDB's own checkpoint only."""
         if self.db is None:
             raise FailedPrecondition("a store without a data dir has nothing to checkpoint")
+        for table in self._remote_tables():
+            with table.remote_lock:  # reading a version opens its dataset: I/O, not with every lock held
+                _ = [tier.version for tier in table.remote_tiers()]
         self.db.flush()
         while True:
             tables = self._remote_tables()

@@ -275,7 +275,11 @@ class RemoteTier:
 
     @property
     def version(self) -> int | None:
-        """The dataset version this tier reads and writes; None before its first put."""
+        """The dataset version this tier reads and writes; None while there is no dataset
+        (looked for again each time: one listing)."""
+        if self._ds is None:
+            with _unavailable(f"remote tier {self.uri}: open"):
+                self._sync()
         return self._ds.version if self._ds is not None else None
 
     def hold(self) -> None:
