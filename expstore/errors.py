@@ -67,9 +67,16 @@ class Unavailable(ExpstoreError):
 
 
 class DataLoss(ExpstoreError):
-    """Stored bytes failed their checksum: reported, never handed to a caller as data."""
+    """Stored bytes failed their checksum: reported, never handed to a caller as data.
+
+    ``damage`` says what a read found damaged, for quarantine: chunk id -> the row ranges
+    ``[lo, hi)`` of the chunk that are unreadable, or None when the whole chunk is."""
 
     code = "DATA_LOSS"
+
+    def __init__(self, message: str, damage: dict[int, list[tuple[int, int]] | None] | None = None):
+        super().__init__(message)
+        self.damage = damage or {}
 
 
 class Unauthenticated(ExpstoreError):

@@ -14,6 +14,11 @@ durability level: ``memory`` skips the write-ahead log (lost on a crash until Ro
 flushes), ``wal`` appends to the log (survives a killed process), ``fsync`` also syncs the
 log; ``Database.sync`` is one fsync for every write before it, so concurrent fsync inserts
 share it (group commit).
+
+Damage: RocksDB checksums every block it stores and verifies it on read. A read that meets
+a damaged block raises DataLoss (``DamagedValues`` names the keys of a multi-get that sit
+in damaged blocks, the others are still read), and an iteration that meets one raises
+DataLoss instead of ending early, so a reader never mistakes a damaged range for its end.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
-from rocksdict import Checkpoint, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, DBCompressionType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from .. import codec
-from ..errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 
 COLUMN_FAMILIES = ("chunks", "journal", "meta")
 DURABILITIES = ("memory", "wal", "fsync")
@@ -82,14 +87,83 @@ class Database:
             raise _translate(e, "syncing the SSD tier's log") from None
 
     def get(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
-        return self.cf[cf].get(keys)
+        """The values of ``keys`` (None where absent), in one multi-get. If some keys sit
+        in damaged blocks, raises DamagedValues naming them, with the others' values."""
+        try:
+            return self.cf[cf].get(keys)
+        except Exception as e:
+            if not _is_corruption(e):
+                raise _translate(e, f"reading the SSD tier ({cf})") from None
+        values, damaged = [], {}
+        for key in keys:  # the multi-get failed as a whole: find the damaged keys
+            try:
+                values.append(self.cf[cf].get(key))
+            except Exception as e:
+                if not _is_corruption(e):
+                    raise _translate(e, f"reading the SSD tier ({cf})") from None
+                values.append(None)
+                damaged[key] = str(e)
+        raise DamagedValues(cf, values, damaged)
 
     def items(self, cf: str, prefix: bytes):
-        """(key, value) pairs whose key starts with ``prefix``, in key order."""
-        for key, value in self.cf[cf].items(from_key=prefix):
-            if not key.startswith(prefix):
-                return
-            yield key, value
+        """(key, value) pairs whose key starts with ``prefix``, in key order. Raises
+        DataLoss if a damaged block interrupts them (rocksdict's own iteration would
+        just stop there)."""
+        it = self.cf[cf].iter()
+        last = None
+        try:
+            it.seek(prefix)
+            while it.valid():
+                key = it.key()
+                if not key.startswith(prefix):
+                    return
+                yield key, it.value()
+                last = key
+                it.next()
+            it.status()
+        except Exception as e:
+            after = f"after key {last.hex()}" if last is not None else f"at prefix {prefix.hex()}"
+            if _is_corruption(e):
+                raise DataLoss(f"SSD tier ({cf}): a damaged block {after}: {e}") from None
+            raise _translate(e, f"reading the SSD tier ({cf}) {after}") from None
+        finally:
+            del it  # a traceback kept by a caller must not keep the database open
+
+    def keys_unverified(self, cf: str, prefix: bytes) -> list[bytes]:
+        """The keys starting with ``prefix``, read with block checksums off, so that the
+        keys of a block whose checksum fails are still listed (those a flip garbled may
+        be listed garbled). Only for finding what to read; values are read checked."""
+        options = ReadOptions()
+        options.set_verify_checksums(False)
+        options.fill_cache(False)  # an unverified block must not be served to checked reads later
+        it = self.cf[cf].iter(options)
+        out = []
+        try:
+            it.seek(prefix)
+            while it.valid() and it.key().startswith(prefix):
+                out.append(it.key())
+                it.next()
+            it.status()
+        except Exception as e:
+            raise (DataLoss(f"SSD tier ({cf}): cannot list keys at {prefix!r}: {e}") if _is_corruption(e) else
+                   _translate(e, f"reading the SSD tier ({cf})")) from None
+        finally:
+            del it
+        return out
+
+    def last_key(self, cf: str, prefix: bytes) -> bytes | None:
+        """The greatest key starting with ``prefix`` (one seek), or None."""
+        it = self.cf[cf].iter()
+        try:
+            it.seek_for_prev(prefix + b"\xff" * 16)
+            key = it.key() if it.valid() else None
+            it.status()
+        except Exception as e:
+            raise (DataLoss(f"SSD tier ({cf}): {e}") if _is_corruption(e) else
+                   _translate(e, f"reading the SSD tier ({cf})")) from None
+        finally:
+            del it
+        return key if key is not None and key.startswith(prefix) else None
 
     def flush(self) -> None:
         """Write every column family's memtable to SST files and wait. rocksdict lets go
@@ -157,6 +231,21 @@ def _lock(path: Path):
     return f
 
 
+class DamagedValues(DataLoss):
+    """Some keys of a multi-get sit in blocks that failed RocksDB's checksum: ``damaged``
+    maps each to RocksDB's message (file and offset); ``values`` has the other keys'
+    values (None for the damaged ones), so a caller can use what is intact."""
+
+    def __init__(self, cf: str, values: list[bytes | None], damaged: dict[bytes, str]) -> None:
+        first = next(iter(damaged.values()))
+        super().__init__(f"SSD tier ({cf}): {len(damaged)} of {len(values)} values in damaged blocks: {first}")
+        self.values, self.damaged = values, damaged
+
+
+def _is_corruption(e: Exception) -> bool:
+    return "Corruption:" in str(e)
+
+
 def _translate(e: Exception, doing: str) -> Exception:
     text = str(e)
     if "No space left" in text or "ENOSPC" in text or "File too large" in text:
@@ -165,6 +254,14 @@ def _translate(e: Exception, doing: str) -> Exception:
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         return ResourceExhausted(f"{doing}: the disk is full; nothing was applied")
     return Unavailable(f"{doing}: {text}")
+
+
+def _parse_meta(meta: bytes) -> tuple[np.ndarray, int, int, pa.Schema]:
+    """A chunk's meta value: (block row offsets, stored bytes, Arrow bytes, schema)."""
+    n = int.from_bytes(meta[:4], "little")
+    end = 4 + 8 * n
+    return (np.frombuffer(meta, dtype=np.int64, count=n, offset=4), int.from_bytes(meta[end:end + 8], "little"),
+            int.from_bytes(meta[end + 8:end + 16], "little"), pa.ipc.read_schema(pa.py_buffer(meta[end + 16:])))
 
 
 def table_prefix(table_id: int) -> bytes:
@@ -314,28 +411,48 @@ class RocksTier:
         for c in gone:
             self._forget(c)
 
+    def delete_all(self) -> None:
+        """Delete every key of this table's chunks (a dropped table's), without reading them."""
+        wb = WriteBatch(raw_mode=True)
+        wb.delete_range(self._prefix, table_prefix(self.table_id + 1), self.db.handle["chunks"])
+        self.db.write(wb, "wal")
+        for c in list(self._stored):
+            self._forget(c)
+
     def close(self) -> None:
         if self._owns_db:
             self.db.close()
 
     # -- recovery -----------------------------------------------------------------------
 
-    def load(self, chunk_ids: Iterable[int]) -> list[int]:
-        """Adopt chunks written before a restart; returns the ids that are missing."""
+    def load(self, chunk_ids: Iterable[int], damaged: dict[int, str] | None = None) -> list[int]:
+        """Adopt chunks written before a restart; returns the ids that are missing. A
+        chunk whose metadata is damaged is unreadable whole: it goes into ``damaged``
+        (id -> why) when given; otherwise DataLoss names it, after the others are loaded."""
         chunk_ids = list(chunk_ids)
-        metas = self.db.get("chunks", [self._key(c, _META_BLOCK) for c in chunk_ids])
-        missing = []
-        for c, meta in zip(chunk_ids, metas):
-            if meta is None:
+        keys = [self._key(c, _META_BLOCK) for c in chunk_ids]
+        try:
+            metas, bad = self.db.get("chunks", keys), {}
+        except DamagedValues as e:
+            metas, bad = e.values, e.damaged
+        missing, found = [], {}
+        for c, key, meta in zip(chunk_ids, keys, metas):
+            if key in bad:
+                found[c] = f"SSD tier, table id {self.table_id}, chunk {c}, metadata: {bad[key]}"
+            elif meta is None:
                 missing.append(c)
             elif c not in self._stored:
-                n = int.from_bytes(meta[:4], "little")
-                end = 4 + 8 * n
-                offsets = np.frombuffer(meta, dtype=np.int64, count=n, offset=4)
-                self.commit_put(c, offsets, int.from_bytes(meta[end:end + 8], "little"),
-                                int.from_bytes(meta[end + 8:end + 16], "little"),
-                                pa.ipc.read_schema(pa.py_buffer(meta[end + 16:])))
+                self.commit_put(c, *_parse_meta(meta))
+        if found and damaged is None:
+            raise DataLoss(next(iter(found.values())), damage=dict.fromkeys(found))
+        if found:
+            damaged.update(found)
         return missing
+
+    def last_chunk_id(self) -> int | None:
+        """The greatest chunk id with any key (one seek), or None."""
+        key = self.db.last_key("chunks", self._prefix)
+        return None if key is None else int.from_bytes(key[4:12], "big")
 
     def stored_chunks(self) -> list[int]:
         """Every chunk id with a meta key (orphans included), for garbage collection."""
@@ -354,11 +471,28 @@ class RocksTier:
             raise NotFound(f"chunk {missing[0]} is not in the SSD tier")
 
     def _read(self, keys: list[bytes], owners: list[int]) -> list[pa.RecordBatch]:
-        values = self.db.get("chunks", keys)
-        out = []
+        """Decode the blocks of ``keys`` (of chunks ``owners``). Every damaged block is
+        checked, not only the first: the DataLoss names one and its ``damage`` has the
+        row ranges of all of them."""
+        try:
+            values, bad = self.db.get("chunks", keys), {}
+        except DamagedValues as e:
+            values, bad = e.values, e.damaged
+        out, damage, first = [], {}, None
         for key, chunk, value in zip(keys, owners, values):
-            what = f"SSD tier, table id {self.table_id}, chunk {chunk}, block {int.from_bytes(key[12:], 'big')}"
-            if value is None:
-                raise NotFound(f"{what} is missing")
-            out.append(codec.decode_block(value, self._schema[chunk], what))
+            block = int.from_bytes(key[12:], "big")
+            what = f"SSD tier, table id {self.table_id}, chunk {chunk}, block {block}"
+            try:
+                if key in bad:
+                    raise DataLoss(f"{what}: {bad[key]}")
+                if value is None:
+                    raise NotFound(f"{what} is missing")
+                out.append(codec.decode_block(value, self._schema[chunk], what))
+            except DataLoss as e:
+                offsets = self._offsets[chunk]
+                damage.setdefault(chunk, []).append((int(offsets[block]), int(offsets[block + 1])))
+                first = first or str(e)
+        if damage:
+            more = sum(map(len, damage.values())) - 1
+            raise DataLoss(first + (f" (and {more} more damaged blocks)" if more else ""), damage=damage)
         return out
