@@ -6,12 +6,18 @@ schema with every value (an IPC stream) cost ~0.7 ms per value, more than decomp
 a 36 KiB row, and the SSD tier reads hundreds of small blocks per sample. The CRC covers
 the stored bytes: a flipped or truncated value is reported as DATA_LOSS naming what it
 was, never decoded into wrong rows.
+
+``column_checksums`` is the CRC32 of each column's Arrow IPC body: what the remote tier
+records for a Lance fragment (Lance files carry no checksums) and checks on every read.
+IPC writes a column the same way whatever its slicing or chunking, so two reads of the
+same stored bytes give the same checksums.
 """
 
 from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import pyarrow as pa
 import zstandard
 
@@ -46,3 +52,9 @@ def decode_block(data: bytes, schema: pa.Schema, what: str) -> pa.RecordBatch:
         return pa.ipc.read_record_batch(pa.py_buffer(message), schema)
     except (zstandard.ZstdError, pa.ArrowInvalid, OSError) as e:
         raise DataLoss(f"{what}: undecodable block: {e}") from None
+
+
+def column_checksums(batch: pa.RecordBatch) -> np.ndarray:
+    """The CRC32 of each column (uint32, in schema order), over its IPC serialization."""
+    return np.array([zlib.crc32(pa.RecordBatch.from_arrays([column], schema=pa.schema([field])).serialize())
+                     for column, field in zip(batch.columns, batch.schema)], dtype=np.uint32)

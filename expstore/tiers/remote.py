@@ -22,6 +22,14 @@ Any network or endpoint failure raises ``Unavailable`` naming the URI, so caller
 with backoff and health can report degraded; after one, the tier re-reads the latest
 version before its next write (the failed commit may have landed).
 
+Verification: Lance files carry no checksums, so ``put`` reads the new fragment back,
+checks it equals what was written, and returns a CRC32 per column of it; the caller keeps
+them (``checksums.RemoteChecksums``) and hands them to ``get`` and ``scan``, which check
+every column they read and raise DataLoss naming the chunk on a mismatch, or when Lance
+cannot decode the fragment at all. Never wrong rows. A fragment whose internal columns
+cannot be decoded when the tier opens is left out (``unreadable``) instead of failing
+the whole table.
+
 Concurrency: like every tier, not thread-safe (the table holds its lock); ``get`` reads
 fragments concurrently on the tier's own small thread pool. One writer per dataset (the
 server's data-dir lock); readers of the same URI in other processes are fine.
@@ -46,7 +54,8 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from ..errors import AlreadyExists, DataLoss, ExpstoreError, InvalidArgument, NotFound, Unavailable
+from .. import codec
+from ..errors import AlreadyExists, DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 try:  # s3fs is the optional ``s3`` extra; botocore comes with it
     from botocore.exceptions import BotoCoreError as _BotoError
@@ -96,8 +105,18 @@ def fsspec_filesystem(uri: str, endpoint: str | None = None, region: str | None 
                              client_kwargs=client, **options)
 
 
+# What Lance says when a file's bytes do not decode (some under "LanceError(IO)" too).
+_UNDECODABLE = ("failed to decode Protobuf", "Invalid user input", "corrupt file", "does not match sibling")
+
+
+def _is_undecodable(e: BaseException) -> bool:
+    return any(s in str(e) for s in _UNDECODABLE)
+
+
 def _is_network_error(e: BaseException) -> bool:
     # Lance raises its I/O errors as OSError, ValueError or ArrowInvalid, all "LanceError(IO): ...".
+    if _is_undecodable(e):
+        return False
     return isinstance(e, (OSError, _BotoError)) or "LanceError(IO)" in str(e)
 
 
@@ -133,6 +152,7 @@ class RemoteTier:
         self._schema: pa.Schema | None = None  # the chunks' schema, internal columns dropped
         self._fragments: dict[int, int] = {}   # chunk id -> fragment id
         self._sizes: dict[int, int] = {}       # chunk id -> Arrow buffer bytes
+        self.unreadable: dict[int, str] = {}   # fragment id -> why its chunk id could not be read
         self._nbytes = 0
         self._stale = False                    # a write failed: its commit may have landed
         self._cleaned = time.monotonic()
@@ -189,7 +209,7 @@ class RemoteTier:
         self._stale = False
         if not new:
             return
-        t = self._ds.scanner(columns=list(_INTERNAL), with_row_address=True, fragments=new).to_table()
+        t = self._internal_columns(new)
         fids = t["_rowaddr"].to_numpy() >> 32
         _, first = np.unique(fids, return_index=True)
         chunks, sizes = t["_chunk"].to_numpy()[first], t["_nbytes"].to_numpy()[first]
@@ -197,6 +217,29 @@ class RemoteTier:
             self._fragments[c] = fid
             self._sizes[c] = size
             self._nbytes += size
+
+    def _internal_columns(self, fragments: list[lance.LanceFragment]) -> pa.Table:
+        """``_chunk``, ``_nbytes`` and the row address of every row of ``fragments``; a
+        fragment that does not decode is left out and noted in ``unreadable``."""
+        def scan(fragments):
+            return self._ds.scanner(columns=list(_INTERNAL), with_row_address=True, fragments=fragments).to_table()
+        try:
+            return scan(fragments)
+        except Exception as e:
+            if _is_network_error(e):
+                raise
+        parts = []
+        for f in fragments:  # one does not decode: find it, keep the others
+            try:
+                parts.append(scan([f]))
+            except Exception as e:
+                if _is_network_error(e):
+                    raise
+                self.unreadable[f.fragment_id] = str(e)
+        if parts:
+            return pa.concat_tables(parts)
+        return pa.table({"_chunk": pa.array([], pa.int64()), "_nbytes": pa.array([], pa.int64()),
+                         "_rowaddr": pa.array([], pa.uint64())})
 
     @contextmanager
     def _writing(self, what: str) -> Iterator[None]:
@@ -209,9 +252,29 @@ class RemoteTier:
                 self._stale = _is_network_error(e)
                 raise
 
-    def put(self, chunk_id: int, batch: pa.RecordBatch) -> None:
-        """Store a chunk as one new fragment. Chunk ids are never reused, so putting a held id
-        again is a no-op: a put retried after ``Unavailable`` whose first attempt landed."""
+    def put(self, chunk_id: int, batch: pa.RecordBatch) -> np.ndarray:
+        """Store a chunk as one new fragment, read it back and return its per-column
+        checksums (see the module docstring); DataLoss if it reads back other than written
+        (the fragment is dropped again). Chunk ids are never reused, so putting a held id
+        again only checks it: a put retried after ``Unavailable`` whose first attempt landed
+        (FailedPrecondition if it holds other rows)."""
+        held = chunk_id in self._fragments
+        self._write(chunk_id, batch)
+        with _unavailable(f"remote tier {self.uri}: read back chunk {chunk_id}"):
+            try:
+                stored = self._checked_read(self._ds, chunk_id, self._fragments[chunk_id], None, None)
+            except DataLoss:
+                stored = None
+        if stored is not None and stored.equals(batch):
+            return codec.column_checksums(stored)
+        if held:
+            raise FailedPrecondition(f"remote tier {self.uri}: chunk {chunk_id} is held with other rows "
+                                     f"than this put's (chunk ids are never reused)")
+        self.delete([chunk_id])
+        raise DataLoss(f"remote tier {self.uri}: chunk {chunk_id} read back other than it was "
+                       f"written; its fragment was dropped again")
+
+    def _write(self, chunk_id: int, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             raise InvalidArgument(f"chunk {chunk_id} is empty: the remote tier stores no empty chunks")
         with self._writing(f"put chunk {chunk_id}"):
@@ -233,21 +296,59 @@ class RemoteTier:
             self._nbytes += size
             self._clean()
 
-    def get(self, chunk_ids: Iterable[int]) -> dict[int, pa.RecordBatch]:
+    def get(self, chunk_ids: Iterable[int], checksums=None) -> dict[int, pa.RecordBatch]:
         """Read whole fragments, concurrently when there are several; each batch has exactly
-        the schema it was put with."""
+        the schema it was put with. With ``checksums`` (chunk id -> the per-column checksums
+        ``put`` returned; ``.get`` is all it needs) each is verified: DataLoss names the
+        first damaged chunk and its ``damage`` every damaged chunk read."""
         ids = list(dict.fromkeys(chunk_ids))
         for c in ids:
             if c not in self._fragments:
                 raise NotFound(f"chunk {c} is not in the remote tier {self.uri}")
-        with _unavailable(f"remote tier {self.uri}: get {len(ids)} chunks"):
-            fragments = [self._ds.get_fragment(self._fragments[c]) for c in ids]
-            batches = list(self._pool.map(self._read, fragments) if len(ids) > 1 else map(self._read, fragments))
-        return dict(zip(ids, batches))
+        ds = self._ds
 
-    def _read(self, fragment: lance.LanceFragment) -> pa.RecordBatch:
-        t = fragment.to_table(columns=self._schema.names).combine_chunks()
-        return pa.RecordBatch.from_arrays([col.chunks[0] for col in t.columns], schema=self._schema)
+        def read(c: int) -> pa.RecordBatch | DataLoss:
+            try:
+                return self._checked_read(ds, c, self._fragments[c], None, checksums)
+            except DataLoss as e:
+                return e
+        with _unavailable(f"remote tier {self.uri}: get {len(ids)} chunks"):
+            out = list(self._pool.map(read, ids) if len(ids) > 1 else map(read, ids))
+        damaged = [e for e in out if isinstance(e, DataLoss)]
+        if damaged:
+            more = f" (and {len(damaged) - 1} more damaged chunks)" if len(damaged) > 1 else ""
+            raise DataLoss(f"{damaged[0]}{more}", damage={c: None for e in damaged for c in e.damage})
+        return dict(zip(ids, out))
+
+    def _read(self, fragment: lance.LanceFragment, columns: list[str] | None = None) -> pa.RecordBatch:
+        """A fragment's rows (of ``columns``; None: all the chunk's) as one record batch."""
+        schema = self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
+        t = fragment.to_table(columns=schema.names).combine_chunks()
+        return pa.RecordBatch.from_arrays([col.chunks[0] for col in t.columns], schema=schema)
+
+    def _checked_read(self, ds, chunk_id: int, fragment_id: int, columns: list[str] | None,
+                      checksums) -> pa.RecordBatch:
+        """``_read``, verified against the chunk's checksums when there are any; DataLoss
+        when a column's checksum differs or the fragment does not decode."""
+        def damaged(why: str) -> DataLoss:
+            return DataLoss(f"remote tier {self.uri}: chunk {chunk_id} (fragment {fragment_id}) {why}; the "
+                            f"stored fragment is corrupt", damage={chunk_id: None})
+        try:
+            batch = self._read(ds.get_fragment(fragment_id), columns)
+        except Exception as e:
+            if _is_network_error(e) or not _is_undecodable(e):
+                raise
+            raise damaged(f"does not decode: {e}") from None
+        expected = checksums.get(chunk_id) if checksums is not None else None
+        if expected is None:  # demoted before chunks had checksums
+            return batch
+        names = self._schema.names
+        got = codec.column_checksums(batch).tolist()
+        bad = [n for n, g in zip(batch.schema.names, got)
+               if names.index(n) >= len(expected) or int(expected[names.index(n)]) != g]
+        if bad:
+            raise damaged(f"checksum mismatch in column(s) {', '.join(bad)}")
+        return batch
 
     def delete(self, chunk_ids: Iterable[int]) -> None:
         """Drop the chunks' fragments in one commit; unknown ids are ignored."""
@@ -315,16 +416,39 @@ class RemoteTier:
                 ds.schema, [f.metadata for f in ds.get_fragments()]), storage_options=self._options)
 
     def scan(self, columns: list[str] | None = None, filter: str | None = None, *,
-             with_chunk: bool = False) -> pa.RecordBatchReader:
+             with_chunk: bool = False, checksums=None, skip=frozenset()) -> pa.RecordBatchReader:
         """A Lance scan of the table's latest version with column selection and filter
         pushdown (a SQL predicate, which may name ``_chunk``); ``with_chunk`` adds the
-        ``_chunk`` column. For queries and audits: it reads every fragment it needs whole."""
+        ``_chunk`` column. For queries and audits: it reads every fragment it needs whole.
+
+        With ``checksums`` (as for ``get``) the scan is verified instead: each fragment's
+        columns are read whole and checked, no filter is pushed down (the caller filters),
+        chunks in ``skip`` are left out, and a damaged fragment raises DataLoss naming it."""
         if self._ds is None:
             return pa.RecordBatchReader.from_batches(pa.schema([]), [])
         if columns is None:
             columns = self._schema.names + (["_chunk"] if with_chunk else [])
+        if checksums is not None:
+            if filter is not None:
+                raise InvalidArgument("a verified scan pushes no filter down")
+            return self._verified_scan(columns, checksums, skip)
         with _unavailable(f"remote tier {self.uri}: scan"):
             return self._ds.scanner(columns=columns, filter=filter).to_reader()
+
+    def _verified_scan(self, columns: list[str], checksums, skip) -> pa.RecordBatchReader:
+        payload = [c for c in columns if c != "_chunk"]
+        schema = pa.schema([self._schema.field(c) for c in payload] +
+                           ([pa.field("_chunk", pa.int64())] if "_chunk" in columns else []))
+        ds, fragments = self._ds, {c: f for c, f in self._fragments.items() if c not in skip}
+
+        def batches():
+            for c, fid in fragments.items():
+                with _unavailable(f"remote tier {self.uri}: scan chunk {c}"):
+                    batch = self._checked_read(ds, c, fid, payload, checksums)
+                if "_chunk" in columns:
+                    batch = batch.append_column("_chunk", pa.array(np.full(batch.num_rows, c, np.int64)))
+                yield batch
+        return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 class RemoteStore:

@@ -8,12 +8,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 import s3server
 from test_tiers import chunk, same
 
-from expstore.errors import AlreadyExists, DataLoss, InvalidArgument, NotFound, Unavailable
+from expstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, lance_storage_options
 
 
@@ -63,9 +64,12 @@ def test_an_uncommitted_fragment_is_invisible(tmp_path, local):
 
 
 def test_put_of_a_held_chunk_is_a_no_op(local):
-    """Chunk ids are never reused, so a second put is a retry whose first attempt landed."""
-    local.put(0, chunk(3, seed=0))
-    local.put(0, chunk(5, seed=9))
+    """Chunk ids are never reused, so a second put is a retry whose first attempt landed:
+    it only checks what is stored (and returns the same checksums)."""
+    first = local.put(0, chunk(3, seed=0))
+    assert np.array_equal(local.put(0, chunk(3, seed=0)), first)
+    with pytest.raises(FailedPrecondition, match="chunk 0 is held with other rows"):
+        local.put(0, chunk(5, seed=9))
     assert same(local.get([0])[0], chunk(3, seed=0))
     assert local.nbytes == chunk(3, seed=0).get_total_buffer_size()
 
