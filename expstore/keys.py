@@ -32,13 +32,14 @@ class KeyRegistry:
         self._of_slot[slots] = keys
         self._live.update(zip(keys, ids.tolist()))
 
-    def remove(self, slots: np.ndarray, ids: np.ndarray) -> None:
-        """The items in ``slots`` left: their keys move to the removed window."""
+    def remove(self, slots: np.ndarray, ids: np.ndarray, remember: bool = True) -> None:
+        """The items in ``slots`` left: their keys move to the removed window (unless not
+        ``remember``: a quarantined item's rows may be inserted again)."""
         keys = self._of_slot[slots].tolist()
         self._of_slot[slots] = None
         for key, item_id in zip(keys, ids.tolist()):
             self._live.pop(key, None)
-            if self.window:
+            if self.window and remember:
                 self._removed[key] = item_id
         for _ in range(len(self._removed) - self.window):
             self._removed.popitem(last=False)

@@ -10,6 +10,12 @@ table lock and done outside it: ``plan`` takes the resident batches and *pins* t
 pinned is deleted when its last reader finishes. Volatile tables (memory only) keep the
 issue-2 contract: the memory budget is a hard limit. Not thread-safe: the table holds
 its lock around every method but ``stage`` and ``fetch``.
+
+Every read from the SSD or remote tier is verified (RocksDB's block checksums and our
+block CRCs; the remote chunks' per-column checksums in ``checksums``, recorded when they
+are demoted): damage raises DataLoss with the chunks and rows it found, which the table
+quarantines. A chunk with a damaged SSD block cannot move to the remote tier whole: it
+stays on the SSD (``undemotable``) with its healthy items.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from .tiers.checksums import RemoteChecksums
 from .tiers.memory import MemoryTier
 from .tiers.rocks import RocksTier
 
@@ -49,8 +56,10 @@ class ReadPlan:
 
 class Placement:
     def __init__(self, memory: MemoryTier, ssd: RocksTier | None = None, remote=None,
-                 ssd_budget: int = 1 << 62, first_chunk: int = 0) -> None:
+                 ssd_budget: int = 1 << 62, first_chunk: int = 0, checksums: RemoteChecksums | None = None) -> None:
         self.memory, self.ssd, self.remote = memory, ssd, remote
+        self.checksums = checksums  # of the remote chunks (with a remote tier)
+        self.undemotable: set[int] = set()  # chunks with a damaged SSD block
         self.ssd_budget = ssd_budget
         self._ids = itertools.count(first_chunk)
         self._remote_chunks: set[int] = set()
@@ -87,16 +96,25 @@ class Placement:
                                 staged.batch.get_total_buffer_size(), staged.batch.schema)
             self.evict()
 
-    def adopt(self, chunk_ids: list[int]) -> list[int]:
-        """After a restart: take over the chunks the index references; returns the ids
-        found in no tier (inserted with durability ``memory`` before a crash)."""
-        missing = self.ssd.load(chunk_ids) if self.ssd is not None else list(chunk_ids)
+    def adopt(self, chunk_ids: list[int]) -> tuple[list[int], dict[int, str]]:
+        """After a restart: take over the chunks the index references. Returns the ids
+        found in no tier (inserted with durability ``memory`` before a crash) and the
+        damaged ones, id -> why: SSD metadata that fails its checksum, or a remote chunk
+        whose checksums are recorded but whose fragment is gone or does not decode."""
+        damaged: dict[int, str] = {}
+        missing = self.ssd.load(chunk_ids, damaged) if self.ssd is not None else list(chunk_ids)
         if missing and self.remote is not None:
             known = set(self.remote.chunk_ids())
             on_remote = [c for c in missing if c in known]
             self._remote_chunks.update(on_remote)
             missing = sorted(set(missing) - set(on_remote))
-        return missing
+            unreadable = "; ".join(f"fragment {f}: {why}" for f, why in self.remote.unreadable.items())
+            for c in missing:
+                if self.checksums is not None and c in self.checksums:
+                    damaged[c] = (f"remote tier {self.remote.uri}: chunk {c} has no readable fragment"
+                                  + (f" (undecodable: {unreadable})" if unreadable else ""))
+            missing = [c for c in missing if c not in damaged]
+        return missing, damaged
 
     def pin(self, chunk_ids: list[int]) -> None:
         """Keep chunks readable outside the table lock until ``unpin``."""
@@ -127,6 +145,8 @@ class Placement:
             self._remote_chunks.difference_update(remote)
             with self.remote_lock:
                 self.remote.delete(remote)
+            self.checksums.delete(remote)
+        self.undemotable.difference_update(chunk_ids)
 
     def evict(self) -> None:
         """Drop the oldest resident chunks while memory is over budget (durable tables:
@@ -166,7 +186,7 @@ class Placement:
         remote = [c for c in plan.pinned if c in self._remote_chunks]
         if remote:
             with self.remote_lock:
-                plan.fetched = self.remote.get(remote)
+                plan.fetched = self.remote.get(remote, self.checksums)
             batches.update({-1 - c: b for c, b in plan.fetched.items()})
         on_ssd = np.isin(plan.chunks, [c for c in plan.pinned if c not in plan.fetched])
         if on_ssd.any():
@@ -192,7 +212,7 @@ class Placement:
         remote = [c for c in rest if c in self._remote_chunks]
         if remote:
             with self.remote_lock:
-                out.update(self.remote.get(remote))
+                out.update(self.remote.get(remote, self.checksums))
         ssd = [c for c in rest if c not in self._remote_chunks]
         if ssd:
             out.update(self.ssd.get(ssd))
@@ -208,7 +228,7 @@ class Placement:
         over = self.ssd.stored_nbytes - self.ssd_budget
         chosen, total = [], 0
         for c in self.ssd.oldest():
-            if self._pins[c] or c in self._doomed:
+            if self._pins[c] or c in self._doomed or c in self.undemotable:
                 continue
             chosen.append(c)
             total += self.ssd.stored_size_of(c)
@@ -217,9 +237,11 @@ class Placement:
         self._pins.update(chosen)
         return chosen
 
-    def demoted(self, chunk_ids: list[int], ok: bool) -> None:
-        """The mover wrote ``chunk_ids`` to the remote tier (ok) or failed to."""
+    def demoted(self, chunk_ids: list[int], ok: bool, checksums: dict[int, np.ndarray] | None = None) -> None:
+        """The mover wrote ``chunk_ids`` to the remote tier (ok), with their ``checksums``
+        (recorded before the SSD copies go), or failed to."""
         if ok:
+            self.checksums.put(checksums or {})
             self._remote_chunks.update(chunk_ids)
             self.ssd.delete(chunk_ids)
             self.counters["demotions"] += len(chunk_ids)

@@ -6,7 +6,10 @@ tables, the derived ``num_tokens``, ``num_generated`` (sum of loss_mask), ``num_
 ``num_tool_calls`` (turns with a tool_name). Live items come from ``Table.scan`` (memory,
 SSD and remote tiers, one chunk at a time); with ``archive = true`` the removed items
 follow from the archive's Lance scan, with ``tier = 'archive'`` and null priority,
-times_sampled and inserted_at (the archive keeps neither).
+times_sampled and inserted_at (the archive keeps neither); then the quarantined items
+(their stored bytes are damaged: see quarantine.py), with ``tier = 'quarantined'``, their
+item id and null everywhere else. Every byte a scan reads is verified; damage fails the
+query with DataLoss (so does any engine error a scan raises: it is not DuckDB's).
 
 Pushdown, decided before any payload is read:
 
@@ -60,7 +63,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from .errors import DeadlineExceeded, ExpstoreError, InvalidArgument, ResourceExhausted, Unavailable
 from .schema import TRAJECTORY_V1
 
 SERVER_COLUMNS = pa.schema([("item_id", pa.uint64()), ("priority", pa.float64()),
@@ -124,9 +127,11 @@ class TableSource(Source):
                                          inserted_before=bounds.before, **pv):
                 yield batch
         if bounds.reads("archive") and bounds.after is None and bounds.before is None:
-            reader = self.table.scan_archive(columns + ["_item_id"], _lance_filter(bounds, self.trajectory))
+            reader = self.table.scan_archive(columns + ["_item_id"])  # verified: DuckDB filters
             if reader is not None:
                 yield from _archived(reader, "archive")
+        if bounds.reads("quarantined") and bounds.after is None and bounds.before is None:
+            yield from _archived(self.table.scan_quarantined(columns), "quarantined")
 
 
 class LanceSource(Source):
@@ -227,6 +232,7 @@ class Query:
         self._busy = self._closed = self._expired = False
         self._spent = 0.0
         self._reader: pa.RecordBatchReader | None = None
+        self._errors: list[ExpstoreError] = []  # what the scans raised, under DuckDB's own error
         self._left: int | None = None
 
     def start(self, sources: Mapping[str, Source], sql: str, *, max_rows: int = 0,
@@ -291,7 +297,8 @@ class Query:
             columns, bounds = scans.get(name, (full.names, Bounds()))
             columns = columns or {"item_id"}  # count(*) reads no column, but DuckDB wants one
             con.unregister(name)
-            con.register(name, _Stream(source, pa.schema([full.field(c) for c in full.names if c in columns]), bounds))
+            con.register(name, _Stream(source, pa.schema([full.field(c) for c in full.names if c in columns]),
+                                       bounds, self._errors))
         return _run(lambda: con.sql(sql).to_arrow_reader(batch_rows))
 
     def _call(self, fn: Callable):
@@ -316,6 +323,8 @@ class Query:
                 raise self._timed_out() from None
             if self._closed:
                 raise Unavailable("query closed while it ran") from None
+            if self._errors:  # a scan failed (DATA_LOSS, UNAVAILABLE): its error, not DuckDB's wrapping
+                raise self._errors[0] from None
             raise
         finally:
             watchdog.cancel()
@@ -540,8 +549,8 @@ class _Stream:
     """A lazily started scan, as an Arrow C stream: DuckDB may open it several times
     (to read the schema, once per reference); each opening is a fresh scan."""
 
-    def __init__(self, source: Source, schema: pa.Schema, bounds: Bounds) -> None:
-        self.source, self.schema, self.bounds = source, schema, bounds
+    def __init__(self, source: Source, schema: pa.Schema, bounds: Bounds, errors: list) -> None:
+        self.source, self.schema, self.bounds, self.errors = source, schema, bounds, errors
 
     def __arrow_c_stream__(self, requested_schema=None):
         reader = pa.RecordBatchReader.from_batches(self.schema, self._batches())
@@ -551,8 +560,12 @@ class _Stream:
         wanted = set(self.schema.names)
         payload = [f.name for f in self.source.payload if f.name in wanted or f.name in
                    {_INPUT[d] for d in wanted & set(_INPUT)}]
-        for batch in self.source.batches(payload, self.bounds):
-            yield _conform(batch, self.schema)
+        try:
+            for batch in self.source.batches(payload, self.bounds):
+                yield _conform(batch, self.schema)
+        except ExpstoreError as e:
+            self.errors.append(e)
+            raise
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -14,10 +14,16 @@ RESOURCE_EXHAUSTED. A durable table writes its chunks to the SSD tier before tak
 lock, logs every change in its journal under the lock (so the log order is the apply
 order), and acknowledges after the log write at the requested durability; ``restore``
 rebuilds it after a restart (see journal.py and placement.py).
+
+Damage: every read of stored bytes is verified. The call whose read meets damage fails
+with DataLoss naming the table, chunk and block, and the live items stored there are
+quarantined at once (quarantine.py): no later call touches them, and the healthy items
+of the same chunk are still served.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import threading
 import time
@@ -31,7 +37,7 @@ import pyarrow as pa
 
 from . import names
 from . import schema as protocol
-from .errors import (DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
+from .errors import (DataLoss, DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
                      NotFound, ResourceExhausted, Unavailable)
 from .archive import ARCHIVE_SUFFIX, Archive
 from .chunks import ChunkStore
@@ -40,13 +46,17 @@ from .index import COLUMNS, ItemIndex
 from .journal import Journal
 from .keys import KeyRegistry
 from .placement import Placement, ReadPlan, Staged
+from .quarantine import Event, Quarantine
 from .ratelimit import RateLimiter
 from .samplers import make_remover, make_sampler
 from .samplers.base import Codebook, Items
 from .spec import TableSpec
 from .streams import ConsumerGroup
+from .tiers.checksums import ARCHIVE, RemoteChecksums
 from .tiers.memory import MemoryTier
 from .tiers.rocks import Database, RocksTier
+
+log = logging.getLogger("expstore.table")
 
 DEFAULT_VISIBILITY_TIMEOUT = 60.0
 MANIFESTS_IN_MEMORY = 10_000  # steps a volatile table remembers
@@ -134,12 +144,16 @@ class Table:
         self.storage = storage if durable else None
         self._journal = Journal(storage.db, storage.table_id) if durable else None
         self._replaying = False
+        remote = spec.tiers == "remote"
         self._chunks = ChunkStore(Placement(
             MemoryTier(spec.memory_bytes),
             RocksTier(storage.db, storage.table_id) if durable else None,
-            storage.remote(spec.name) if spec.tiers == "remote" else None,
-            ssd_budget=spec.ssd_bytes))
-        self._archive = Archive(storage.remote(spec.name + ARCHIVE_SUFFIX)) if spec.archive else None
+            storage.remote(spec.name) if remote else None,
+            ssd_budget=spec.ssd_bytes,
+            checksums=RemoteChecksums(storage.db, storage.table_id) if remote else None))
+        self._archive = Archive(storage.remote(spec.name + ARCHIVE_SUFFIX),
+                                RemoteChecksums(storage.db, storage.table_id, ARCHIVE)) if spec.archive else None
+        self._quarantine = Quarantine()
         self._keys = KeyRegistry(spec.dedup_window) if spec.key is not None else None
         self._tasks, self._groups = Codebook(), Codebook()
         self._sampler = make_sampler(spec.sampler, self._tasks)
@@ -537,11 +551,16 @@ class Table:
         """Read chunks a stream will need next into the memory cache (a background thread;
         the chunks are pinned), so consumers of a cold stream do not wait on the disk."""
         placement = self._chunks.placement
+        damaged = None
         try:
             batches = placement.get(chunks)
+        except DataLoss as e:  # quarantined now: the stream's own read will not meet it
+            batches, damaged = {}, e
         except ExpstoreError:  # e.g. the remote tier is down: the read itself will report it
             batches = {}
         with self._cond:
+            if damaged is not None:
+                self._quarantine_damage(damaged)
             for c, batch in batches.items():
                 if c in self._chunks and not placement.resident(c):
                     placement.memory.put(c, batch)
@@ -604,51 +623,70 @@ class Table:
             chosen = placement.demotion_candidates()
         if not chosen:
             return 0
-        ok = False
+        ok, damaged, checksums = False, None, {}
         try:
-            batches = placement.ssd.get(chosen)
+            try:
+                batches = placement.ssd.get(chosen)
+            except DataLoss as e:  # the chunks stay on the SSD; the others move next pass
+                damaged = e
+                return len(chosen)
             with placement.remote_lock:
                 for c in chosen:
-                    placement.remote.put(c, batches[c])
+                    checksums[c] = placement.remote.put(c, batches[c])
             ok = True
         finally:
             with self._cond:
-                placement.demoted(chosen, ok)
-                if not ok:
+                placement.demoted(chosen, ok, checksums)
+                if damaged is not None:
+                    placement.undemotable.update(damaged.damage)
+                    self._quarantine_damage(damaged)
+                elif not ok:
                     placement.counters["demotion_failures"] += 1
         return len(chosen)
 
     def archive_pending(self) -> int:
         """Upload queued chunks' archived rows to the archive dataset, then free the
-        chunks (one pass of up to 8 chunks; the store's mover calls it). Returns the
-        chunks archived; raises Unavailable when the remote tier is down."""
+        chunks (one pass of up to 8 chunks; the store's mover calls it). Only the blocks
+        holding archived rows are read; rows in damaged blocks are quarantined instead.
+        Returns the chunks handled; raises Unavailable when the remote tier is down."""
         placement = self._chunks.placement
         with self._cond:
             if self._archive is None or self._closed or not self._archive.queue:
                 return 0
             chosen = self._archive.queue[:8]
-            placement.pin(chosen)
+            wanted = {c: self._archive.wanted(c) for c in chosen}
+            plan = placement.plan(np.concatenate([np.full(len(w[0]), c, np.int64) for c, w in wanted.items()]),
+                                  np.concatenate([w[0] for w in wanted.values()]))
         try:
-            batches = placement.get(chosen)
-            with self._cond:
-                rows = {c: self._archive.rows_of(c, batches[c]) for c in chosen}
+            try:
+                batches, keys, local = placement.fetch(plan)
+            except DataLoss as e:
+                with self._cond:
+                    self._archive_damaged(e)
+                return len(chosen)
+            data = take_rows(batches, keys, local, self.schema)
+            rows, at = {}, 0
+            for c, (r, ids, reasons) in wanted.items():
+                rows[c] = Archive.annotate(data.slice(at, len(r)), ids, reasons)
+                at += len(r)
             with placement.remote_lock:
-                for c in chosen:
-                    self._archive.tier.put(c, rows[c])
+                checksums = {c: self._archive.tier.put(c, rows[c]) for c in chosen}
             with self._cond:
+                self._archive.checksums.put(checksums)
                 self._log("archived", chunks=np.array(chosen, dtype=np.int64))
                 self._archive.done(chosen)
                 placement.delete(chosen)
                 self.counters["archived_items"] += sum(r.num_rows for r in rows.values())
         finally:
             with self._cond:
-                placement.unpin(chosen)
+                placement.unpin(plan.pinned)
         return len(chosen)
 
     def purge(self) -> None:
         """Delete everything the table stored (DropTable of a durable table; after close)."""
         with self._cond:
             self._journal.drop()
+            RemoteChecksums(self.storage.db, self.storage.table_id).drop()  # of every kind
             placement = self._chunks.placement
             placement.delete(list(self._chunks._live))
             placement.delete(placement.ssd.stored_chunks())
@@ -746,13 +784,40 @@ class Table:
                 for snap, _, _ in parts:
                     self._chunks.placement.finish(snap.plan)
 
-    def scan_archive(self, columns: Sequence[str] | None = None, filter: str | None = None) -> pa.RecordBatchReader | None:
-        """The archived (removed) items, with ``_item_id`` and ``_removed``, as a Lance scan
-        with column and filter (SQL predicate) pushdown; None without an archive."""
+    def scan_archive(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader | None:
+        """The archived (removed) items, with ``_item_id`` and ``_removed``, one verified
+        fragment at a time with column pushdown (no row filter: the caller filters); None
+        without an archive. A damaged fragment fails the scan with DataLoss and is
+        quarantined: later scans leave it out."""
         if self._archive is None:
             return None
+        with self._cond:
+            skip = self._quarantine.chunks_on("archive")
         with self._chunks.placement.remote_lock:
-            return self._archive.tier.scan(None if columns is None else list(columns), filter)
+            reader = self._archive.tier.scan(None if columns is None else list(columns),
+                                             checksums=self._archive.checksums, skip=skip)
+
+        def batches():
+            try:
+                yield from reader
+            except DataLoss as e:
+                with self._cond:
+                    for chunk in set(e.damage) - self._quarantine.chunks_on("archive"):
+                        self._quarantine_event(Event(chunk, "archive", str(e)), np.zeros(0, np.uint64))
+                raise DataLoss(f"table {self.name!r}: {e}; later scans leave the fragment out",
+                               damage=e.damage) from None
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    def scan_quarantined(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader:
+        """The quarantined items for queries: ``_item_id`` and the payload ``columns``
+        (None: all), which are null (their stored bytes are damaged)."""
+        names = list(self.schema.names if columns is None else columns)
+        with self._cond:
+            ids = self._quarantine.ids()
+        fields = [self.schema.field(c) for c in names]
+        arrays = [pa.nulls(len(ids), f.type) for f in fields] + [pa.array(ids, pa.uint64())]
+        schema = pa.schema(fields + [pa.field("_item_id", pa.uint64())])
+        return pa.RecordBatchReader.from_batches(schema, [pa.RecordBatch.from_arrays(arrays, schema=schema)])
 
     def remote_tiers(self) -> list:
         """The table's remote tiers (its chunks', its archive's), for checkpoints: their
@@ -780,6 +845,8 @@ class Table:
                 "policy_version": self.policy_version,
                 "sampler_eligible": len(self._sampler),
                 "consumer_groups": len(self._consumers),
+                "quarantined_items": len(self._quarantine),
+                "quarantined_chunks": self._quarantine.chunks,
             }
             for k in ("inserts", "inserted_bytes", "duplicates", "samples", "stream_deliveries",
                       "priority_updates", "compactions", "compacted_rows", "removed_max_size", "removed_max_times_sampled",
@@ -831,6 +898,56 @@ class Table:
             if tier is not None:
                 tier.close()  # its reader threads
 
+    # -- damage -----------------------------------------------------------------------
+
+    def _quarantine_damage(self, error: DataLoss) -> int:
+        """Quarantine the live items stored where a read found damage (lock held): for
+        each damaged chunk, the items in its damaged rows (all of them when the whole chunk
+        is). Returns how many items were quarantined."""
+        placement = self._chunks.placement
+        total = 0
+        for chunk, ranges in error.damage.items():
+            tier = placement.home(chunk) if placement.durable else "memory"
+            total += self._quarantine_items(chunk, ranges, tier, str(error))
+        if total:
+            self._changed()
+        return total
+
+    def _quarantine_items(self, chunk: int, ranges: list[tuple[int, int]] | None, tier: str, reason: str) -> int:
+        ix = self._index
+        live = ix.live_slots()
+        slots = live[ix["chunk"][live] == chunk]
+        if ranges is not None:
+            rows = ix["row"][slots]
+            inside = np.zeros(len(slots), dtype=bool)
+            for lo, hi in ranges:
+                inside |= (rows >= lo) & (rows < hi)
+            slots = slots[inside]
+        if len(slots) == 0:
+            return 0
+        self._quarantine_event(Event(chunk, tier, reason), ix["id"][slots].copy())
+        self._remove(slots, "quarantined", log=False)
+        return len(slots)
+
+    def _quarantine_event(self, event: Event, ids: np.ndarray) -> None:
+        """Journal and remember one damage event (the caller removes its live items)."""
+        self._log("quarantine", ids=ids, chunk=event.chunk, tier=event.tier, reason=event.reason)
+        self._quarantine.add(event, ids)
+        log.error("table %r: chunk %d on the %s tier is damaged; %d items quarantined: %s",
+                  self.name, event.chunk, event.tier, len(ids), event.reason)
+
+    def _archive_damaged(self, error: DataLoss) -> None:
+        """Chunks waiting for the archive could not be read whole (lock held): their rows
+        in damaged blocks cannot be archived and are quarantined (the items had already
+        left the table); the chunks' other archived rows are archived on the next pass."""
+        for chunk, ranges in error.damage.items():
+            ids = self._archive.drop_rows(chunk, ranges)
+            self._quarantine_event(Event(chunk, self._chunks.placement.home(chunk), str(error)), ids)
+            if chunk not in self._archive:  # nothing left to archive: free the chunk
+                self._log("archived", chunks=np.array([chunk], dtype=np.int64))
+                self._archive.done([chunk])
+                self._chunks.placement.delete([chunk])
+
     # -- internals --------------------------------------------------------------------
 
     def _snapshot(self, slots: np.ndarray, probabilities=None, weights=None) -> "_Snapshot":
@@ -847,7 +964,13 @@ class Table:
         """Read and copy the rows (``columns`` of them) out of their chunks (no lock held:
         chunks are immutable and the plan pinned those not in memory), then unpin."""
         try:
-            batches, keys, rows = self._chunks.placement.fetch(snap.plan)
+            try:
+                batches, keys, rows = self._chunks.placement.fetch(snap.plan)
+            except DataLoss as e:
+                with self._cond:
+                    n = self._quarantine_damage(e)
+                raise DataLoss(f"table {self.name!r}: {e}; {n} items stored there are quarantined: later "
+                               f"calls do not return them", damage=e.damage) from None
             schema = self.schema
             if columns is not None:  # select first: only these columns are copied
                 batches = {k: b.select(columns) for k, b in batches.items()}
@@ -870,6 +993,11 @@ class Table:
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
         if (slots < 0).any():
+            for item_id in ids[slots < 0].tolist():
+                event = self._quarantine.event_of(item_id)
+                if event is not None:
+                    raise DataLoss(f"table {self.name!r}: item {item_id} is quarantined: its chunk "
+                                   f"{event.chunk} on the {event.tier} tier is damaged ({event.reason})")
             missing = int(ids[slots < 0][0])
             raise NotFound(f"table {self.name!r}: no item with id {missing} "
                            f"({int((slots < 0).sum())} of {len(ids)} ids unknown or removed)")
@@ -914,7 +1042,7 @@ class Table:
         self._remover.remove(slots)
         if self.spec.max_times_sampled:
             self._allowance -= int((self.spec.max_times_sampled - self._index["times_sampled"][slots]).sum())
-        if self._archive is not None and reason != "lost":
+        if self._archive is not None and reason not in ("lost", "quarantined"):
             ix = self._index
             self._archive.removed(ix["chunk"][slots], ix["row"][slots], ix["id"][slots], reason)
         if not self._replaying:  # a restore adopts the chunks once replay is done
@@ -964,7 +1092,7 @@ class Table:
         if limited:
             self._limiter.delete(len(slots))
         if self._keys is not None:
-            self._keys.remove(slots, self._index["id"][slots])
+            self._keys.remove(slots, self._index["id"][slots], remember=reason != "quarantined")
         self._index.remove(slots)
         self.counters[f"removed_{reason}"] += len(slots)
 
@@ -1095,7 +1223,8 @@ class Table:
             group_names=list(self._groups._names), task_names=list(self._tasks._names),
             next_id=ix.next_id, policy_version=self.policy_version,
             limiter=self._limiter.state(),
-            consumers=[g.to_dict(self._clock()) for g in self._consumers.values()])
+            consumers=[g.to_dict(self._clock()) for g in self._consumers.values()],
+            **self._quarantine.to_fields())
         if self._keys is not None:
             fields["removed_keys"], fields["removed_ids"] = self._keys.removed()
         self._journal.write_snapshot(fields)
@@ -1119,7 +1248,7 @@ class Table:
                 self._replaying = False
             lost = self._adopt_chunks()
             self.counters.clear()  # stats count what this process did; replay is not that
-            return {"items": len(self._index), "records": n, "lost": lost}
+            return {"items": len(self._index), "records": n, "lost": lost, "quarantined": len(self._quarantine)}
 
     def _load_snapshot(self, s: dict) -> None:
         for name in s["group_names"]:
@@ -1144,6 +1273,7 @@ class Table:
         self._limiter.restore(s["limiter"])
         now = self._clock()
         self._consumers = {d["name"]: ConsumerGroup.from_dict(d, now) for d in s["consumers"]}
+        self._quarantine.restore(s)
 
     def _live_slots_of(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
@@ -1200,29 +1330,46 @@ class Table:
     def _replay_resume(self, f: dict) -> None:
         self._consumers[f["group"]].resume(int(f["step"]))
 
+    def _replay_quarantine(self, f: dict) -> None:
+        self._quarantine.add(Event(int(f["chunk"]), f["tier"], f["reason"]), f["ids"])
+        if self._archive is not None:  # removed items' rows it will not archive
+            self._archive.drop_ids(int(f["chunk"]), f["ids"])
+        self._remove(self._live_slots_of(f["ids"]), "quarantined")
+
     def _adopt_chunks(self) -> int:
         """Hand the chunks the restored items reference to the chunk store; drop items
-        whose chunk is gone, and chunks no item references (a crash between writing a
-        chunk and logging its insert, or between a removal and the chunk's delete)."""
+        whose chunk is gone, quarantine those whose chunk is damaged (its SSD metadata
+        fails its checksum, or its remote fragment is unreadable), and delete chunks no
+        item references (a crash between writing a chunk and logging its insert, or
+        between a removal and the chunk's delete)."""
         ix, placement = self._index, self._chunks.placement
+        for checksums in (placement.checksums, self._archive.checksums if self._archive is not None else None):
+            if checksums is not None:
+                checksums.load()
         live = ix.live_slots()
-        chunks, counts = np.unique(ix["chunk"][live], return_counts=True)
-        missing = placement.adopt(chunks.tolist())
+        chunks = np.unique(ix["chunk"][live])
+        missing, damaged = placement.adopt(chunks.tolist())
         lost = 0
-        if missing:
+        if missing or damaged:
+            self._replaying = True  # no chunk bookkeeping yet
             gone = live[np.isin(ix["chunk"][live], missing)]
             lost = len(gone)
-            self._replaying = True  # no chunk bookkeeping yet; recorded below
             self._remove(gone, "lost")
+            quarantined = {}
+            for c in damaged:
+                slots = live[ix["chunk"][live] == c]
+                quarantined[c] = ix["id"][slots].copy()
+                self._remove(slots, "quarantined")
             self._replaying = False
-            keep = ~np.isin(chunks, missing)
-            chunks, counts = chunks[keep], counts[keep]
+            for c, why in damaged.items():  # journaled, so that they stay quarantined
+                self._quarantine_event(Event(c, self._damaged_tier(c), why), quarantined[c])
+            live = ix.live_slots()
+        chunks, counts = np.unique(ix["chunk"][live], return_counts=True)
         max_row = np.zeros(0, np.int64)
         if len(chunks):
             order = np.argsort(ix["chunk"][live], kind="stable")
-            c_sorted = ix["chunk"][live][order]
-            starts = np.searchsorted(c_sorted, chunks)
-            max_row = np.maximum.reduceat(ix["row"][live][order], starts) if len(c_sorted) else max_row
+            starts = np.searchsorted(ix["chunk"][live][order], chunks)
+            max_row = np.maximum.reduceat(ix["row"][live][order], starts)
         ssd = placement.ssd
         for c, k, r in zip(chunks.tolist(), counts.tolist(), max_row.tolist()):
             if c in ssd:
@@ -1233,13 +1380,39 @@ class Table:
         referenced = set(chunks.tolist())
         if self._archive is not None:  # freed before the crash, not yet archived
             pending = [c for c in self._archive.pending() if c not in referenced]
-            placement.adopt(pending)
+            missing, damaged = placement.adopt(pending)
+            for c in missing:
+                log.warning("table %r: chunk %d waiting for the archive is in no tier; its %d removed "
+                            "items are not archived", self.name, c, len(self._archive.drop_rows(c, None)))
+            for c, why in damaged.items():
+                self._quarantine_event(Event(c, self._damaged_tier(c), why), self._archive.drop_rows(c, None))
+            pending = [c for c in pending if c in self._archive]
             self._archive.freed(pending)
             referenced.update(pending)
-        orphans = [c for c in ssd.stored_chunks() if c not in referenced]
+        try:
+            stored = ssd.stored_chunks()
+            top = max(stored, default=-1)
+        except DataLoss as e:  # orphans stay until a start can list the chunks
+            log.warning("table %r: cannot list its SSD chunks, unreferenced ones are kept: %s", self.name, e)
+            stored = []
+            try:
+                top = ssd.last_chunk_id()
+                top = -1 if top is None else top
+            except DataLoss:
+                top = max(referenced, default=-1) + (1 << 24)  # past any id the damaged range may hold
+        orphans = [c for c in stored if c not in referenced]
         placement.delete(orphans)
-        placement.reserve_ids(max([*referenced, *orphans], default=-1) + 1)
+        placement.reserve_ids(max([*referenced, top], default=-1) + 1)
         return lost
+
+    def _damaged_tier(self, chunk: int) -> str:
+        """Where a chunk found damaged at restore lives: a remote one has checksums (its
+        record goes: the chunk is unreferenced from now on)."""
+        checksums = self._chunks.placement.checksums
+        if checksums is not None and chunk in checksums:
+            checksums.delete([chunk])
+            return "remote"
+        return "ssd"
 
 
 def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.ndarray:

@@ -143,10 +143,13 @@ def test_a_corrupt_block_is_data_loss_naming_the_chunk_never_rows(tmp_path):
     value = bytearray(cf[key])
     value[len(value) // 2] ^= 0xFF
     cf[key] = bytes(value)
-    with pytest.raises(DataLoss, match="chunk 0, block 0: checksum mismatch"):
+    with pytest.raises(DataLoss, match="table 't': SSD tier, table id 1, chunk 0, block 0: checksum mismatch"):
         t.get(ids)
-    with pytest.raises(DataLoss):
-        t.sample(20)
+    with pytest.raises(DataLoss, match="item 1 is quarantined: its chunk 0 on the ssd tier is damaged"):
+        t.get(ids)  # quarantined: never read again, never returned
+    assert t.stats()["quarantined_items"] == 20 and t.stats()["items"] == 0
+    with pytest.raises(DeadlineExceeded):
+        t.sample(1, timeout=0)
     store.close()
 
 

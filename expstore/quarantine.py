@@ -1,0 +1,73 @@
+"""Items whose stored bytes failed verification: out of the table for good, and remembered.
+
+A read that meets damage (a block or fragment whose checksum fails, or that does not
+decode) raises DataLoss naming the chunks and rows it found. The table then quarantines
+the live items stored there: they leave the sampler, the remover, the streams and the
+index, like a removal (reason ``quarantined``), and this registry keeps each damage event:
+the chunk, the tier it was read from, why, and the ids of the items it took. The table
+journals every event and snapshots the registry, so quarantined items stay quarantined
+after a restart: never served, never silently gone from the counts. A damaged archive
+fragment is an event without items (its rows had already left the table).
+
+Not thread-safe: the table holds its lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Event:
+    chunk: int
+    tier: str    # where the damage was read: ssd, remote or archive
+    reason: str  # the verification failure, as reported
+
+
+class Quarantine:
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._of_item: dict[int, int] = {}  # item id -> index of its event
+
+    def __len__(self) -> int:
+        """Items quarantined."""
+        return len(self._of_item)
+
+    @property
+    def chunks(self) -> int:
+        """Damaged chunks (and archive fragments) found."""
+        return len({(e.tier, e.chunk) for e in self._events})
+
+    def add(self, event: Event, ids: np.ndarray) -> None:
+        self._events.append(event)
+        self._of_item.update(dict.fromkeys(ids.tolist(), len(self._events) - 1))
+
+    def chunks_on(self, tier: str) -> frozenset[int]:
+        """The chunks found damaged on ``tier``."""
+        return frozenset(e.chunk for e in self._events if e.tier == tier)
+
+    def event_of(self, item_id: int) -> Event | None:
+        i = self._of_item.get(item_id)
+        return None if i is None else self._events[i]
+
+    def ids(self) -> np.ndarray:
+        """The quarantined item ids, in id order."""
+        return np.sort(np.fromiter(self._of_item, dtype=np.uint64, count=len(self._of_item)))
+
+    def to_fields(self) -> dict:
+        """The registry as journal snapshot fields."""
+        return {"quarantine_ids": np.fromiter(self._of_item, dtype=np.uint64, count=len(self._of_item)),
+                "quarantine_event": np.fromiter(self._of_item.values(), dtype=np.int64, count=len(self._of_item)),
+                "quarantine_chunks": np.array([e.chunk for e in self._events], dtype=np.int64),
+                "quarantine_tiers": [e.tier for e in self._events],
+                "quarantine_reasons": [e.reason for e in self._events]}
+
+    def restore(self, fields: dict) -> None:
+        """Load what ``to_fields`` wrote (snapshots from before quarantine have none)."""
+        if "quarantine_ids" not in fields:
+            return
+        self._events = [Event(int(c), t, r) for c, t, r in zip(fields["quarantine_chunks"].tolist(),
+                                                                fields["quarantine_tiers"], fields["quarantine_reasons"])]
+        self._of_item = dict(zip(fields["quarantine_ids"].tolist(), fields["quarantine_event"].tolist()))
