@@ -6,6 +6,11 @@ an exclusive lock: one server per dir), records each durable table's config in t
 column family and restores every durable table at start. Memory-only tables are volatile.
 ``checkpoint`` snapshots the data dir and the versions of the tables' remote datasets as
 of one instant (``expstore.checkpoint`` uploads them).
+
+A table that cannot be restored (its record, snapshot or journal fails its checksum, or
+anything else goes wrong opening it) does not stop the others: it is logged, kept aside
+in ``unopened`` with its data untouched, calls naming it fail with that error (DATA_LOSS
+for damage), and DropTable deletes it.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from typing import Callable
 
 from rocksdict import WriteBatch
 
-from .errors import AlreadyExists, ExpstoreError, FailedPrecondition, NotFound
+from .errors import AlreadyExists, DataLoss, ExpstoreError, FailedPrecondition, NotFound, Unavailable
+from .journal import Journal
 from .proto import arrow_ipc
 from .spec import TableSpec
 from .table import Storage, Table
-from .tiers.rocks import Database
+from .tiers.checksums import RemoteChecksums
+from .tiers.rocks import Database, RocksTier
 
 log = logging.getLogger("expstore.store")
 _TABLE = b"table/"
@@ -40,6 +47,7 @@ class Store:
         self._remote = remote
         self.db = Database(data_dir, min_free_bytes) if data_dir is not None else None
         self.restored: dict[str, dict[str, int]] = {}
+        self.unopened: dict[str, Unopened] = {}  # tables that failed to restore, by name
         self.remote_error: str | None = None  # the last demotion failure, until one succeeds
         self._stop = threading.Event()
         self._mover: threading.Thread | None = None
@@ -73,6 +81,8 @@ class Store:
         returned; one with a different spec is still ALREADY_EXISTS."""
         spec = spec.resolved(durable=self.db is not None)
         with self._lock:
+            if spec.name in self.unopened:
+                raise self.unopened[spec.name].error()
             existing = self._tables.get(spec.name)
             if existing is not None:
                 if if_not_exists and existing.spec == spec:
@@ -90,6 +100,9 @@ class Store:
 
     def drop_table(self, name: str) -> None:
         with self._lock:
+            if name in self.unopened:
+                self._purge_unopened(self.unopened.pop(name))
+                return
             table = self._tables.pop(name, None)
             if table is None:
                 raise NotFound(self._unknown(name))
@@ -103,6 +116,8 @@ class Store:
     def table(self, name: str) -> Table:
         table = self._tables.get(name)
         if table is None:
+            if name in self.unopened:
+                raise self.unopened[name].error()
             raise NotFound(self._unknown(name))
         return table
 
@@ -197,19 +212,68 @@ class Store:
         return table_id
 
     def _restore(self) -> None:
-        for _, value in self.db.items("meta", _TABLE):
-            record = json.loads(value)
-            spec = TableSpec.from_dict(record["spec"])
-            if record["schema"] is not None:
-                spec = dataclasses.replace(spec, schema=arrow_ipc.decode_schema(bytes.fromhex(record["schema"])))
-            started = time.perf_counter()
-            table = self._open(spec, Storage(self.db, record["id"], self._remote))
-            self.restored[spec.name] = result = table.restore()
-            log.info("restored table %r: %d items from %d journal records in %.2f s%s", spec.name,
+        try:
+            records = list(self.db.items("meta", _TABLE))
+        except DataLoss:  # the block of some table records is damaged: read them one by one
+            records = self._table_records()
+        for key, value in records:
+            name = key[len(_TABLE):].decode(errors="replace")
+            table_id, table = None, None
+            try:
+                if value is None:
+                    raise DataLoss(f"table {name!r}: its record in the SSD tier is damaged")
+                record = json.loads(value)
+                table_id = record["id"]
+                spec = TableSpec.from_dict(record["spec"])
+                if record["schema"] is not None:
+                    spec = dataclasses.replace(spec, schema=arrow_ipc.decode_schema(bytes.fromhex(record["schema"])))
+                started = time.perf_counter()
+                table = self._open(spec, Storage(self.db, table_id, self._remote))
+                self.restored[spec.name] = result = table.restore()
+            except Exception as e:  # one table that cannot be opened must not keep the others closed
+                if table is not None:
+                    table.close()
+                self.unopened[name] = Unopened(name, table_id, e)
+                log.error("table %r could not be restored; its data is kept, calls naming it fail "
+                          "until it is dropped: %s: %s", name, type(e).__name__, e)
+                continue
+            log.info("restored table %r: %d items from %d journal records in %.2f s%s%s", spec.name,
                      result["items"], result["records"], time.perf_counter() - started,
                      f"; {result['lost']} items acknowledged at durability 'memory' were lost"
-                     if result["lost"] else "")
+                     if result["lost"] else "",
+                     f"; {result['quarantined']} items are quarantined (damaged)" if result["quarantined"] else "")
             self._tables[spec.name] = table
+
+    def _table_records(self) -> list[tuple[bytes, bytes | None]]:
+        """The table records when some sit in a damaged block: the keys are listed with
+        RocksDB's checksums off (a listing, never data), then each value is read checked;
+        a damaged one comes back None."""
+        out = []
+        for key in self.db.keys_unverified("meta", _TABLE):
+            try:
+                out.append((key, self.db.get("meta", [key])[0]))
+            except DataLoss:
+                out.append((key, None))
+        return out
+
+    def _purge_unopened(self, t: "Unopened") -> None:
+        """DropTable of a table that could not be opened: delete what its id owns in the
+        SSD tier, what its remote datasets hold (if reachable), and its record."""
+        if t.table_id is not None:
+            Journal(self.db, t.table_id).drop()
+            RocksTier(self.db, t.table_id).delete_all()
+            RemoteChecksums(self.db, t.table_id).drop()
+        if self._remote is not None:
+            for name in (t.name, t.name + ".archive"):
+                try:
+                    tier = self._remote(name)
+                    tier.delete(tier.chunk_ids())
+                    tier.close()
+                except ExpstoreError as e:
+                    log.warning("dropping table %r: its remote dataset %r was not cleaned: %s", t.name, name, e)
+        wb = WriteBatch(raw_mode=True)
+        wb.delete(_TABLE + t.name.encode(), self.db.handle["meta"])
+        self.db.write(wb, "wal")
 
     def _unknown(self, name: str) -> str:
         known = sorted(self._tables)
@@ -225,3 +289,20 @@ def _acquire_all(locks: list[threading.Lock]) -> threading.Lock | None:
                 taken.release()
             return lock
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Unopened:
+    """A table that failed to restore at start: its name, its id (None when its record is
+    unreadable) and the error."""
+
+    name: str
+    table_id: int | None
+    cause: Exception
+
+    def error(self) -> ExpstoreError:
+        """What a call naming the table raises, naming the cause: DATA_LOSS for damage,
+        UNAVAILABLE for a tier that is down, FAILED_PRECONDITION for anything else."""
+        kind = next((k for k in (DataLoss, Unavailable) if isinstance(self.cause, k)), FailedPrecondition)
+        return kind(f"table {self.name!r} could not be restored at start: {self.cause}; its data is "
+                    f"kept: restore a checkpoint, or DropTable to delete it")

@@ -121,7 +121,8 @@ def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = No
     store = Store(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
                   min_free_bytes=cfg.min_free_disk_bytes)
     for spec in cfg.tables:  # restored on a restart: the same config is no error
-        store.create_table(spec, if_not_exists=True)
+        if spec.name not in store.unopened:  # a table that failed to restore stays down (logged)
+            store.create_table(spec, if_not_exists=True)
     return store, checkpoint.Checkpointer(store, remote_store)
 
 

@@ -325,6 +325,8 @@ class Servicer:
     async def Stats(self, request, context, call):
         tables = [self.store.table(request.table)] if request.table else self.store.tables()
         stats = await self._run(lambda: [(t.name, t.stats()) for t in tables])
+        if not request.table:  # tables that failed to restore: Describe says why
+            stats += [(name, {"unopened": 1.0}) for name in sorted(self.store.unopened)]
         return pb.StatsResponse(tables=[pb.TableStats(table=name, values=values) for name, values in stats])
 
     @rpc("reader")
