@@ -116,6 +116,13 @@ class Placement:
             missing = [c for c in missing if c not in damaged]
         return missing, damaged
 
+    def unverified(self) -> list[int]:
+        """Remote chunks without recorded checksums (demoted by a version that kept none):
+        read as they are."""
+        if self.checksums is None:
+            return []
+        return [c for c in self._remote_chunks if c not in self.checksums]
+
     def pin(self, chunk_ids: list[int]) -> None:
         """Keep chunks readable outside the table lock until ``unpin``."""
         self._pins.update(chunk_ids)

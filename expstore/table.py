@@ -1365,6 +1365,9 @@ class Table:
                 self._quarantine_event(Event(c, self._damaged_tier(c), why), quarantined[c])
             live = ix.live_slots()
         chunks, counts = np.unique(ix["chunk"][live], return_counts=True)
+        if placement.unverified():
+            log.warning("table %r: %d remote chunks have no checksums (demoted before they were kept): "
+                        "their reads are not verified", self.name, len(placement.unverified()))
         max_row = np.zeros(0, np.int64)
         if len(chunks):
             order = np.argsort(ix["chunk"][live], kind="stable")

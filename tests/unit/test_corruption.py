@@ -63,10 +63,13 @@ def test_a_flipped_sst_block_is_data_loss_naming_table_chunk_block_then_quaranti
         a.sample(len(healthy) + 1, timeout=0)
     assert rows(b.get(b_ids).data) == b_expected  # the other table never noticed
     b.insert(trajectories(5, tokens=64, id_prefix="b2"))
+    with a._cond:
+        a._write_snapshot()  # the quarantine is in the snapshot too, not only in the journal
     store.close()
 
-    store = Store(tmp_path / "d")  # quarantined for good: the journal says so
+    store = Store(tmp_path / "d")  # quarantined for good: the snapshot says so
     a = store.table("a")
+    assert store.restored["a"]["lost"] == 0
     s = a.stats()
     assert (s["quarantined_items"], s["items"]) == (hi - lo, len(healthy))
     assert rows(a.get(healthy).data) == [expected[i] for i in (healthy - 1).tolist()]
@@ -204,7 +207,7 @@ def test_a_flipped_byte_in_a_remote_fragment_is_data_loss_never_wrong_rows(tmp_p
 
     uri, store = remote_store(tmp_path)
     t = store.table("t")
-    assert t.stats()["quarantined_items"] == 10
+    assert t.stats()["quarantined_items"] == 10 and store.restored["t"]["lost"] == 0
     with pytest.raises(DataLoss, match="quarantined: its chunk 1 on the remote tier is damaged"):
         t.get(chunks[1][:1])
     assert rows(t.get(np.concatenate([chunks[0], chunks[2]])).data) == expected[0] + expected[2]
