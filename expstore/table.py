@@ -664,7 +664,9 @@ class Table:
                 with self._cond:
                     self._archive_damaged(e)
                 return len(chosen)
-            data = take_rows(batches, keys, local, self.schema)
+            # take copies into fresh buffers: rows that came off the wire can sit unaligned in
+            # their IPC buffers (take_rows may hand out slices of them), which Lance refuses
+            data = take_rows(batches, keys, local, self.schema).take(np.arange(len(keys)))
             rows, at = {}, 0
             for c, (r, ids, reasons) in wanted.items():
                 rows[c] = Archive.annotate(data.slice(at, len(r)), ids, reasons)
