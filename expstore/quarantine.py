@@ -68,6 +68,6 @@ class Quarantine:
         """Load what ``to_fields`` wrote (snapshots from before quarantine have none)."""
         if "quarantine_ids" not in fields:
             return
-        self._events = [Event(int(c), t, r) for c, t, r in zip(fields["quarantine_chunks"].tolist(),
-                                                                fields["quarantine_tiers"], fields["quarantine_reasons"])]
+        chunks, tiers, reasons = fields["quarantine_chunks"].tolist(), fields["quarantine_tiers"], fields["quarantine_reasons"]
+        self._events = [Event(int(c), t, r) for c, t, r in zip(chunks, tiers, reasons)]
         self._of_item = dict(zip(fields["quarantine_ids"].tolist(), fields["quarantine_event"].tolist()))

@@ -134,8 +134,9 @@ def test_a_damaged_journal_or_snapshot_leaves_its_table_closed_and_the_others_se
     flip_in_sst(tmp_path / "d", value)
 
     store = Store(tmp_path / "d")
+    cf = "journal" if what == "journal" else "meta"
     for call in (lambda: store.table("a"), lambda: store.create_table(TableSpec("a"))):
-        with pytest.raises(DataLoss, match=rf"table 'a' could not be restored at start: SSD tier \({what if what == 'journal' else 'meta'}\)"
+        with pytest.raises(DataLoss, match=rf"table 'a' could not be restored at start: SSD tier \({cf}\)"
                                            r".*Corruption.*DropTable to delete it"):
             call()  # never restored with records missing
     assert list(store.unopened) == ["a"]
@@ -303,7 +304,8 @@ def test_archive_fragments_and_chunks_waiting_for_the_archive_are_verified(tmp_p
     t = store.table("t")
     while t.archive_pending():
         pass
-    archived = q.query(q.store_sources(store), "SELECT traj_id FROM t WHERE tier = 'archive' ORDER BY traj_id").read_all()
+    sql = "SELECT traj_id FROM t WHERE tier = 'archive' ORDER BY traj_id"
+    archived = q.query(q.store_sources(store), sql).read_all()
     kept = [f"old-{i}" for i in range(20) if not lo <= i < hi]
     assert archived.column("traj_id").to_pylist() == sorted(kept)  # the healthy rows of the chunk
     assert t.stats()["quarantined_items"] == hi - lo and t.stats()["items"] == 20
