@@ -60,10 +60,23 @@ class Journal:
         self.bytes_since_snapshot = 0
         self.snapshot_bytes = 0
 
-    def append(self, kind: str, durability: str = "wal", **fields: Any) -> None:
+    def append(self, kind: str, durability: str = "wal", *,
+               manifest: tuple[int, np.ndarray, np.ndarray] | None = None,
+               drop_manifests_after: int | None = None, **fields: Any) -> None:
+        """Append one record. In the same atomic write, ``manifest=(step, ids, versions)``
+        replaces step's manifest (a training cut), and ``drop_manifests_after=step``
+        deletes the manifests of every later step (a resume)."""
         value = pack(kind, fields)
         wb = WriteBatch(raw_mode=True)
         wb.put(self._key(self._next), value, self.db.handle["journal"])
+        if manifest is not None:
+            step, ids, versions = manifest
+            wb.delete_range(self._manifest_key(step), self._manifest_key(step + 1), self.db.handle["meta"])
+            wb.put(self._manifest_key(step, self._next), pack("manifest", {"ids": ids, "versions": versions}),
+                   self.db.handle["meta"])
+        if drop_manifests_after is not None:
+            wb.delete_range(self._manifest_key(drop_manifests_after + 1), self._manifests_end(),
+                            self.db.handle["meta"])
         self.db.write(wb, durability)
         self._next += 1
         self.bytes_since_snapshot += len(value)
@@ -104,15 +117,15 @@ class Journal:
     def add_manifest(self, step: int, ids: np.ndarray, versions: np.ndarray) -> None:
         """Record what one sample for training step ``step`` returned (several samples
         of a step add up)."""
-        key = b"manifest/" + self._prefix + step.to_bytes(8, "big") + self._next.to_bytes(8, "big")
         wb = WriteBatch(raw_mode=True)
-        wb.put(key, pack("manifest", {"ids": ids, "versions": versions}), self.db.handle["meta"])
+        wb.put(self._manifest_key(step, self._next), pack("manifest", {"ids": ids, "versions": versions}),
+               self.db.handle["meta"])
         self.db.write(wb, "wal")
         self._next += 1
 
     def manifest(self, step: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        prefix = b"manifest/" + self._prefix + step.to_bytes(8, "big")
-        return [(f["ids"], f["versions"]) for f in (unpack(v)[1] for _, v in self.db.items("meta", prefix))]
+        return [(f["ids"], f["versions"])
+                for f in (unpack(v)[1] for _, v in self.db.items("meta", self._manifest_key(step)))]
 
     def drop(self) -> None:
         """Delete the table's records and snapshot (DropTable)."""
@@ -120,9 +133,16 @@ class Journal:
         wb.delete_range(self._prefix, table_prefix(int.from_bytes(self._prefix, "big") + 1),
                         self.db.handle["journal"])
         wb.delete(self._snapshot_key, self.db.handle["meta"])
-        manifests = b"manifest/" + self._prefix
-        wb.delete_range(manifests, manifests + b"\xff" * 17, self.db.handle["meta"])
+        wb.delete_range(self._manifest_key(0), self._manifests_end(), self.db.handle["meta"])
         self.db.write(wb, "wal")
 
     def _key(self, seq: int) -> bytes:
         return self._prefix + seq.to_bytes(8, "big")
+
+    def _manifest_key(self, step: int, seq: int | None = None) -> bytes:
+        """``manifest/<table>/<step>/<seq>``: a step's parts sort together, in order."""
+        key = b"manifest/" + self._prefix + step.to_bytes(8, "big")
+        return key if seq is None else key + seq.to_bytes(8, "big")
+
+    def _manifests_end(self) -> bytes:
+        return b"manifest/" + self._prefix + b"\xff" * 17

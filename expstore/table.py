@@ -496,11 +496,7 @@ class Table:
             raise InvalidArgument(f"table {self.name!r}: start must be 'earliest' or 'latest', got {start!r}")
         deadline = self._deadline(timeout)
         with self._cond:
-            g = self._consumers.get(group)
-            if g is None:
-                position = 1 if start == "earliest" else self._index.next_id
-                self._log("group", group=group, position=position)
-                g = self._consumers[group] = ConsumerGroup(group, position)
+            g = self._consumers.get(group) or self._new_group(group, start)
             while True:
                 self._check_open()
                 now = self._clock()
@@ -583,15 +579,27 @@ class Table:
 
     def commit_cut(self, group: str, step: int, item_ids=(), tag: str = "") -> int:
         """A trainer's training cut, atomically: ack ``item_ids`` (what step ``step``
-        consumed) and remember the group's position under ``step``. Returns the number
-        newly acked. ``resume(group, step)`` later redelivers exactly what came after."""
+        consumed), remember the group's position under ``step``, and record the ids
+        (with their policy versions; -1 for an item no longer in the table) as step
+        ``step``'s manifest, replacing what an earlier commit of ``step`` recorded (a
+        retried commit, or a step trained again after ``resume``). Returns the number
+        newly acked. ``resume(group, step)`` later redelivers exactly what came after.
+        A cut with no ids creates a group that has not read yet (at the earliest item),
+        so that a trainer can mark step 0 before its first read."""
         ids = self._ids(item_ids)
         if step < 0:
             raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
         with self._cond:
-            g = self._group(group)
+            g = self._consumers.get(group)
+            if g is None and not len(ids):
+                g = self._new_group(group, "earliest")
+            g = g or self._group(group)
             g.check_ack(ids, self.name)
-            self._log("cut", self.spec.durability, group=group, step=step, tag=tag, ids=ids)
+            versions = self._versions_of(ids)
+            self._log("cut", self.spec.durability, manifest=(step, ids, versions),
+                      group=group, step=step, tag=tag, ids=ids)
+            if self._journal is None:
+                self._manifests[step] = [(ids, versions)]
             acked, _ = g.ack(ids)
             g.cut(step, tag)
             self._changed()
@@ -602,11 +610,14 @@ class Table:
     def resume(self, group: str, step: int) -> dict[str, int]:
         """Rewind a consumer group to its cut at ``step``: what was in flight then is
         delivered again first, then everything after the cut's position, acked or not
-        (a trainer restarting from its step-``step`` checkpoint retrains step+1 on)."""
+        (a trainer restarting from its step-``step`` checkpoint retrains step+1 on).
+        The manifests of later steps are forgotten: those steps will be trained again."""
         with self._cond:
             g = self._group(group)
             g.check_cut(step, self.name)
-            self._log("resume", group=group, step=step)
+            self._log("resume", drop_manifests_after=step, group=group, step=step)
+            if self._journal is None:
+                self._manifests = {s: m for s, m in self._manifests.items() if s <= step}
             g.resume(step)
             self._changed()
             return {"position": g.position, "inflight": len(g.inflight_ids)}
@@ -695,6 +706,20 @@ class Table:
             if self._archive is not None:
                 with placement.remote_lock:
                     self._archive.tier.delete(self._archive.tier.chunk_ids())
+
+    def _new_group(self, group: str, start: str) -> ConsumerGroup:
+        """A consumer group reading from the earliest item or after the newest (lock held)."""
+        position = 1 if start == "earliest" else self._index.next_id
+        self._log("group", group=group, position=position)
+        g = self._consumers[group] = ConsumerGroup(group, position)
+        return g
+
+    def _versions_of(self, ids: np.ndarray) -> np.ndarray:
+        """Policy versions of items by id; -1 for an id no longer in the table."""
+        slots = self._index.lookup(ids)
+        versions = np.full(len(ids), -1, dtype=np.int64)
+        versions[slots >= 0] = self._index["policy_version"][slots[slots >= 0]]
+        return versions
 
     def _group(self, group: str) -> ConsumerGroup:
         g = self._consumers.get(group)
@@ -988,7 +1013,8 @@ class Table:
                     probabilities=snap.probabilities, weights=snap.weights)
 
     def _log(self, kind: str, durability: str = "wal", **fields) -> None:
-        """Append a change to the journal (durable tables; not while replaying it)."""
+        """Append a change to the journal (durable tables; not while replaying it).
+        ``Journal.append`` takes manifest edits that go in the same write."""
         if self._journal is not None and not self._replaying:
             self._journal.append(kind, durability, **fields)
 

@@ -120,6 +120,35 @@ def test_training_cut_resume_redelivers_exactly_what_the_next_step_had_not_commi
     server.stop()
 
 
+def test_cuts_record_manifests_that_a_restart_keeps_and_a_resume_rewinds(tmp_path):
+    server = start_server(tmp_path / "data")
+    c = Client(server.address)
+    c.create_table("s", sampler="fifo")
+    c.insert("s", trajectories(30, tokens=16, id_prefix="s", policy_version=3))
+    assert c.commit_cut("s", "g", 0) == 0  # step 0, before the group's first read: creates it
+    read = c.stream("s", "g", 10, visibility_timeout=600)
+    steps = {step: next(read).ids.tolist() for step in (1, 2, 3)}
+    for step, ids in steps.items():
+        c.commit_cut("s", "g", step, ids)
+    c.commit_cut("s", "g", 3, steps[3])  # a retried commit replaces, never adds
+    server = restart(server)
+    c = Client(server.address)
+    for step, ids in steps.items():
+        got, versions = c.manifest("s", step)
+        assert got.tolist() == ids and versions.tolist() == [3] * 10
+    c.resume("s", "g", 1)  # steps 2 and 3 are trained again: their manifests go
+    assert rpc_error(lambda: c.manifest("s", 2), grpc.StatusCode.NOT_FOUND)
+    again = next(c.stream("s", "g", 10, visibility_timeout=600)).ids.tolist()
+    c.commit_cut("s", "g", 2, again)
+    server = restart(server)
+    c = Client(server.address)
+    assert c.manifest("s", 2)[0].tolist() == again == steps[2]
+    assert rpc_error(lambda: c.manifest("s", 3), grpc.StatusCode.NOT_FOUND)
+    c.resume("s", "g", 0)
+    assert next(c.stream("s", "g", 10)).ids.tolist() == steps[1]
+    server.stop()
+
+
 def test_a_second_server_on_the_same_data_dir_fails_with_a_clear_message(tmp_path):
     server = start_server(tmp_path / "data")
     with pytest.raises(RuntimeError, match="in use by expstore-server pid"):

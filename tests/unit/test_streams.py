@@ -415,3 +415,47 @@ def test_group_forget_drops_in_flight():
     assert g.committed == 2
     g.forget(arr(2))
     assert g.committed == g.position == 4
+
+
+# -- training cuts: manifests and step 0 --------------------------------------------------
+
+
+def test_a_cut_records_its_ids_as_the_steps_manifest_and_a_recommit_replaces_it():
+    t = make(max_staleness=10)
+    t.insert(traj(6, policy_version=2))
+    first = ids(t.stream("g", 2))
+    t.commit_cut("g", 1, first)
+    got, versions = t.manifest(1)
+    assert got.tolist() == first and versions.tolist() == [2, 2]
+    t.commit_cut("g", 1, first)  # a retried commit: the same manifest, not twice
+    assert t.manifest(1)[0].tolist() == first
+    second = ids(t.stream("g", 2))
+    t.set_policy_version(13)  # the items leave the table before the cut: version unknown
+    t.commit_cut("g", 2, second)
+    assert t.manifest(2)[1].tolist() == [-1, -1]
+
+
+def test_resume_forgets_the_manifests_of_later_steps():
+    t = make()
+    t.insert(traj(6))
+    for step in (1, 2, 3):
+        t.commit_cut("g", step, ids(t.stream("g", 2)))
+    t.resume("g", 1)
+    assert t.manifest(1)[0].tolist() == [1, 2]
+    for step in (2, 3):
+        with pytest.raises(NotFound, match=f"no manifest for step {step}"):
+            t.manifest(step)
+    t.commit_cut("g", 2, ids(t.stream("g", 2)))  # step 2 again: items 3 and 4 again
+    assert t.manifest(2)[0].tolist() == [3, 4]
+
+
+def test_a_cut_without_ids_creates_a_group_at_the_earliest_item():
+    t = make()
+    t.insert(traj(4))
+    assert t.commit_cut("g", 0) == 0
+    assert t.manifest(0)[0].tolist() == []
+    assert ids(t.stream("g", 10, start="latest")) == [1, 2, 3, 4]  # the group exists: start does not apply
+    t.resume("g", 0)
+    assert ids(t.stream("g", 10)) == [1, 2, 3, 4]
+    with pytest.raises(NotFound, match="no consumer group 'other'"):
+        t.commit_cut("other", 1, [1])  # with ids, the group must have read them
