@@ -207,18 +207,21 @@ class Client:
     # -- training cuts and checkpoints ------------------------------------------------
 
     def commit_cut(self, table: str, group: str, step: int, item_ids=(), *, tag: str = "") -> int:
-        """Atomically ack what training step ``step`` consumed and remember the stream
-        position under ``step``; returns the number acked."""
+        """Atomically ack what training step ``step`` consumed, remember the stream
+        position under ``step`` and record the ids as the step's manifest (replacing an
+        earlier commit of ``step``); returns the number acked. With no ids it creates a
+        group that has not read yet (a trainer's step 0)."""
         req = pb.CommitCutRequest(table=table, group=group, step=step, item_ids=list(map(int, item_ids)), tag=tag)
         return self._call(self._stub.CommitCut, req).num_acked
 
     def resume(self, table: str, group: str, step: int) -> dict[str, int]:
-        """Rewind ``group`` to its cut at ``step``: everything after it is delivered again."""
+        """Rewind ``group`` to its cut at ``step``: everything after it is delivered again,
+        and the manifests of later steps are forgotten."""
         resp = self._call(self._stub.Resume, pb.ResumeRequest(table=table, group=group, step=step))
         return {"position": resp.position, "inflight": resp.inflight}
 
     def manifest(self, table: str, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(item ids, policy versions) that training step ``step`` sampled."""
+        """(item ids, policy versions) that training step ``step`` sampled or committed."""
         resp = self._call(self._stub.GetManifest, pb.GetManifestRequest(table=table, step=step))
         return np.array(resp.item_ids, dtype=np.uint64), np.array(resp.policy_versions, dtype=np.int64)
 
