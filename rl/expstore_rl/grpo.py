@@ -1,8 +1,10 @@
-"""GRPO against an expstore table: whole groups from the group sampler, group-normalised
-advantages, the decoupled clipped surrogate with truncated importance weights, versioned
-weight publishing.
+"""GRPO against an expstore table: whole groups from the group sampler (or, with
+``--stream``, from a consumer group, exactly once), group-normalised advantages, the
+decoupled clipped surrogate with truncated importance weights, versioned weight
+publishing.
 
     python -m expstore_rl.grpo --target 127.0.0.1:50051 --table rollouts --group-size 8
+    python -m expstore_rl.grpo ... --stream --sample-order fifo   # every group exactly once
     torchrun --nproc-per-node 2 -m expstore_rl.grpo ...      # FSDP2 over 2 processes
 
 Producers (``python -m expstore_rl.producer``) fill the table with groups of
@@ -48,7 +50,7 @@ def train(cfg: GRPOConfig, source: trainer.StoreSource | None = None) -> trainer
     optimizer = trainer.make_optimizer(policy, cfg.lr, cfg.weight_decay)
     pairs = {"policy": (policy, optimizer)}
     if source is None:
-        source = trainer.StoreSource(cfg, d, "sample", cfg.groups_per_step * cfg.group_size)
+        source = trainer.StoreSource(cfg, d, cfg.groups_per_step * cfg.group_size, cfg.group_size)
         if d.main:
             trainer.create_table(source.client, cfg, source.batch_size, cfg.group_size)
     state = trainer.start(cfg, pairs, policy, version, source, d)
@@ -59,7 +61,7 @@ def train(cfg: GRPOConfig, source: trainer.StoreSource | None = None) -> trainer
     while state.step < cfg.steps:
         t0 = time.perf_counter()
         # 1. whole groups from the store (rank 0), the same batch on every rank
-        sampled = source.next()
+        sampled = source.next(state.step + 1)
         metrics = trainer.rollout_metrics(sampled.rollouts, state.version, sampled.seconds)
         rollouts = sampled.rollouts.shard(d.rank, d.world)  # contiguous: whole groups per rank
 
@@ -80,7 +82,8 @@ def train(cfg: GRPOConfig, source: trainer.StoreSource | None = None) -> trainer
 
         metrics |= trainer.optimise(rollouts, objective, [policy], [optimizer], cfg, d, state.generator)
 
-        # 5. publish the new version, move the store's version forward, checkpoint, log
+        # 5. commit the step's cut, publish the new version, move the store's version
+        #    forward, checkpoint, log
         trainer.finish_step(cfg, policy, pairs, state, source, sampled, metrics, t0, t_start, log, d)
 
     if d.main and log.path.exists():

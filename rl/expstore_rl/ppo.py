@@ -38,11 +38,8 @@ class PPOConfig(TrainConfig):
     critic_lr: float = 1e-3
     norm_adv: bool = True
     """whiten advantages over the batch's generated tokens"""
-    stream: bool = False
-    """read the table as a stream (each row once, in insertion order, acked after its
-    step) instead of sampling its FIFO; needs --samples-per-insert 0"""
     stream_group: str = "ppo-trainer"
-    """consumer group name; its offsets live on the server, so a resumed run goes on"""
+    """consumer group name (``--stream``); its offsets and cuts live on the server"""
 
 
 class Critic(torch.nn.Module):
@@ -100,8 +97,7 @@ def train(cfg: PPOConfig, source: trainer.StoreSource | None = None) -> trainer.
     critic_optimizer = trainer.make_optimizer(critic, cfg.critic_lr, 0.0)
     pairs = {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)}
     if source is None:
-        source = trainer.StoreSource(cfg, d, "stream" if cfg.stream else "sample", cfg.batch_size,
-                                     group=cfg.stream_group)
+        source = trainer.StoreSource(cfg, d, cfg.batch_size)
         if d.main:
             trainer.create_table(source.client, cfg, cfg.batch_size, None)
     state = trainer.start(cfg, pairs, policy, version, source, d)
@@ -112,7 +108,7 @@ def train(cfg: PPOConfig, source: trainer.StoreSource | None = None) -> trainer.
     while state.step < cfg.steps:
         t0 = time.perf_counter()
         # 1. the next trajectories of the stream (rank 0), the same batch on every rank
-        sampled = source.next()
+        sampled = source.next(state.step + 1)
         metrics = trainer.rollout_metrics(sampled.rollouts, state.version, sampled.seconds)
         rollouts = sampled.rollouts.shard(d.rank, d.world)
         x, mask = rollouts.extras, rollouts.loss_mask
@@ -145,7 +141,8 @@ def train(cfg: PPOConfig, source: trainer.StoreSource | None = None) -> trainer.
                                     cfg, d, state.generator)
         metrics["optim/critic_grad_norm"] = metrics.pop("optim/grad_norm_1")
 
-        # 5. publish the new version, move the store's version forward, checkpoint, log
+        # 5. commit the step's cut, publish the new version, move the store's version
+        #    forward, checkpoint, log
         trainer.finish_step(cfg, policy, pairs, state, source, sampled, metrics, t0, t_start, log, d)
 
     if d.main and log.path.exists():

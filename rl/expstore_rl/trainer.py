@@ -1,7 +1,7 @@
 """Pieces shared by the GRPO and PPO loops (grpo.py, ppo.py, each readable top to
-bottom): the common config, the data source (store -> rank 0 -> every rank), micro-batched
-forward passes, the optimisation loop with gradient accumulation, weight publishing and
-the start/resume logic.
+bottom): the common config, micro-batched forward passes, the optimisation loop with
+gradient accumulation, weight publishing and the start/resume logic. The data source
+(store -> rank 0 -> every rank, and the training cuts back) is source.py.
 
 Concurrency: one thread per process. Under torchrun, rank 0 alone talks to the store
 and to the weights location; every rank runs the same sequence of forward and backward
@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from . import checkpoint, weights
-from .batching import Rollouts, concat, from_sample_batch, micro_batches, minibatches
+from .batching import Rollouts, micro_batches, minibatches
 from .distributed import Dist, clip_grad_norm, full_state_dict, gradient_sync, shard
 from .losses import aggregate, entropy, importance_weights, kl, log_ratio, normaliser, policy_loss
 from .model import ModelConfig, build_model, process_logits, token_logprobs
+from .source import Sampled, StoreSource, create_table  # noqa: F401 (the data source: source.py)
 
 
 @dataclass
@@ -93,6 +94,17 @@ class TrainConfig:
     held back while the sampler starves (seen in CI)"""
     sample_timeout: float = 120.0
     """seconds to wait for a batch"""
+    stream: bool = False
+    """read the table as a consumer group (each row once, in insertion order; GRPO: whole
+    groups) and commit a training cut per step: exactly once across crashes of trainer
+    and server (source.py; needs samples_per_insert 0). Off: sample the table, each row
+    at most once"""
+    stream_group: str = "trainer"
+    """consumer group name; its offsets and cuts live on the server"""
+    train_aborted: bool = False
+    """train on rows with finish_reason "aborted" (partial rollouts) too"""
+    store_retry_s: float = 300.0
+    """seconds a store call that fails with UNAVAILABLE (a restarting server) is retried"""
     sample_order: str = "lifo"
     """which rows (GRPO: whole groups) a sampled batch takes: "lifo", the newest (least
     stale; when producers outpace the trainer, older rows age out through max_staleness),
@@ -120,84 +132,6 @@ def parse(cls: type, argv: list[str] | None = None):
         else:
             p.add_argument(flag, type=type(default), default=default)
     return cls(**vars(p.parse_args(argv)))
-
-
-# -- data: store -> rank 0 -> every rank ----------------------------------------------
-
-
-@dataclass
-class Sampled:
-    rollouts: Rollouts
-    seconds: float  # waiting for and decoding the batch
-    ack: Callable[[], Any] | None = None  # stream batches: ack once trained
-
-
-class StoreSource:
-    """Batches from the store. ``mode="sample"``: ``sample(batch_size)`` (from the group
-    sampler: whole GRPO groups); ``mode="stream"``: a consumer group read in insertion order,
-    each row once, acked after its step (offsets are durable on the server, so a resumed
-    trainer continues where the group stopped; rows trained on but not acked before a
-    crash come back after the visibility timeout: at-least-once)."""
-
-    def __init__(self, cfg: TrainConfig, d: Dist, mode: str, batch_size: int, group: str = "trainer") -> None:
-        from expstore_client import connect
-
-        self.cfg, self.d, self.mode, self.batch_size, self.group = cfg, d, mode, batch_size, group
-        self.client = connect(cfg.target, cfg.token or None, timeout=cfg.sample_timeout) if d.main else None
-        self._stream = None
-
-    def next(self) -> Sampled:
-        out = None
-        if self.d.main:
-            t0 = time.perf_counter()
-            rollouts, acks = self._sampled() if self.mode == "sample" else self._streamed()
-            out = Sampled(rollouts, time.perf_counter() - t0,
-                          (lambda: [a() for a in acks]) if acks else None)
-        got = self.d.broadcast(None if out is None else (out.rollouts, out.seconds))
-        return out if self.d.main else Sampled(*got)
-
-    def _sampled(self) -> tuple[Rollouts, list]:
-        return from_sample_batch(self.client.sample(self.cfg.table, self.batch_size,
-                                                    timeout=self.cfg.sample_timeout)), []
-
-    def _streamed(self) -> tuple[Rollouts, list]:
-        if self._stream is None:
-            self._stream = self.client.stream(self.cfg.table, self.group, self.batch_size,
-                                              idle_timeout=self.cfg.sample_timeout)
-        parts, acks, n = [], [], 0
-        while n < self.batch_size:
-            batch = next(self._stream)
-            parts.append(from_sample_batch(batch))
-            acks.append(batch.ack)
-            n += len(batch)
-        return concat(parts), acks
-
-    def set_policy_version(self, version: int) -> None:
-        if self.d.main:
-            self.client.set_policy_version(self.cfg.table, version)
-
-
-def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | None, insert_size: int = 8) -> None:
-    """The rollouts table, if missing: whole groups from the group sampler for GRPO, else
-    single rows; newest first, oldest first or uniform (``sample_order``); each row
-    sampled once; rows older than max_staleness versions dropped. With
-    samples_per_insert > 0, a rate limiter keeps producers about one batch
-    ahead of the trainer (staleness stays near 1 instead of piling up at the gate): the
-    window spi * batch/2 +- (batch + insert_size)/2 is the narrowest in which neither
-    side can stall the other (docs/semantics.md). Streams bypass the limiter, so a
-    streaming trainer needs samples_per_insert 0."""
-    if cfg.sample_order not in ("lifo", "fifo", "uniform"):
-        raise ValueError(f"sample_order must be 'lifo', 'fifo' or 'uniform', got {cfg.sample_order!r}")
-    sampler = ({"type": "group", "group_size": group_size, "group_order": cfg.sample_order} if group_size
-               else cfg.sample_order)
-    limiter = None
-    if cfg.samples_per_insert > 0:
-        spi, insert_size = cfg.samples_per_insert, group_size or insert_size
-        limiter = {"type": "sample_to_insert_ratio", "samples_per_insert": spi,
-                   "min_size_to_sample": max(1, batch_size // 2),
-                   "error_buffer": (batch_size + insert_size * max(1.0, spi)) / 2 + 1}
-    client.create_table(cfg.table, sampler=sampler, max_times_sampled=1, max_staleness=cfg.max_staleness,
-                        rate_limiter=limiter, if_not_exists=True)
 
 
 # -- models ---------------------------------------------------------------------------
@@ -394,7 +328,10 @@ def start(cfg: TrainConfig, pairs: checkpoint.Pairs, policy: torch.nn.Module, ve
     policy as version 0 (a fresh model) or go on from the published ``version``; then
     tell the store the current version. A resumed run that finds versions newer than its
     checkpoint (it crashed between publishing and checkpointing) republishes its restored
-    weights as the next version, so that versions only grow and producers follow."""
+    weights as the next version, so that versions only grow and producers follow.
+    A streaming source resumes its consumer group at the checkpoint's cut; a fresh
+    streaming run commits cut 0 and checkpoints step 0 before its first read, so that
+    every restart finds a checkpoint whose cut the store holds."""
     ckpt = checkpoint.latest(f"{cfg.out}/checkpoints") if cfg.resume else None
     if ckpt is not None:
         s = checkpoint.load(ckpt, pairs)
@@ -411,7 +348,10 @@ def start(cfg: TrainConfig, pairs: checkpoint.Pairs, policy: torch.nn.Module, ve
         if version < 0:
             publish(policy, cfg, 0, d)
     if source is not None:
+        source.start(state.step, resumed=ckpt is not None)
         source.set_policy_version(state.version)
+        if ckpt is None and source.stream:
+            save(cfg, pairs, state, d)
     return state
 
 
@@ -436,15 +376,17 @@ def save(cfg: TrainConfig, pairs: checkpoint.Pairs, state: LoopState, d: Dist) -
 def finish_step(cfg: TrainConfig, policy: torch.nn.Module, pairs: checkpoint.Pairs, state: LoopState,
                 source, sampled: Sampled, metrics: dict[str, float], t0: float, t_start: float,
                 log, d: Dist) -> None:
-    """The end of every step: publish version N+1, set it as the table's policy version,
-    ack streamed rows, checkpoint when due (and at the last step), write the metrics."""
+    """The end of every step: commit the step's cut (streams: its rows acked and its
+    manifest recorded, before a new version can make them stale), publish version N+1,
+    set it as the table's policy version, checkpoint when due (and at the last step),
+    write the metrics."""
     t1 = time.perf_counter()
     state.step += 1
+    if sampled.commit is not None:
+        sampled.commit()
     state.version += 1
     publish(policy, cfg, state.version, d)
     source.set_policy_version(state.version)
-    if sampled.ack is not None:
-        sampled.ack()
     if state.step == cfg.steps or (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0):
         save(cfg, pairs, state, d)
     elapsed = time.perf_counter() - t0

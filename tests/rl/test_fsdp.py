@@ -31,10 +31,15 @@ class FakeSource:
         self.batch, self.group_size, self.width, self.prompt = batch, group_size, width, prompt
         self.version = 0
 
+    stream = False  # sampled, like the store's default mode: no cuts
+
+    def start(self, step: int, resumed: bool) -> None:
+        pass
+
     def set_policy_version(self, version: int) -> None:
         self.version = version
 
-    def next(self) -> Sampled:
+    def next(self, step: int) -> Sampled:
         g = torch.Generator().manual_seed(1000 + self.version)
         B, T, P = self.batch, self.width, self.prompt
         lengths = torch.randint(P + 2, T + 1, (B,), generator=g)

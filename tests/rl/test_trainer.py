@@ -5,7 +5,9 @@ import json
 import re
 from pathlib import Path
 
+import grpc
 import numpy as np
+import pyarrow as pa
 import torch
 
 from expstore.synthetic import trajectories
@@ -83,8 +85,8 @@ def test_store_source_samples_whole_groups(server_factory):
     with Client(server.address) as client:
         trainer.create_table(client, cfg, batch_size=8, group_size=4)
         client.insert("grpo", trajectories(16, groups=4, reward=np.arange(16, dtype=np.float32)))
-        source = trainer.StoreSource(cfg, Dist(), "sample", 8)
-        got = source.next().rollouts
+        source = trainer.StoreSource(cfg, Dist(), 8)
+        got = source.next(1).rollouts
         assert len(got) == 8
         groups = got.group_index.tolist()
         assert groups[:4] == [groups[0]] * 4 and groups[4:] == [groups[4]] * 4 and groups[0] != groups[4]
@@ -97,20 +99,50 @@ def test_store_source_samples_whole_groups(server_factory):
         assert client.describe("grpo").policy_version == 3
 
 
-def test_store_source_streams_each_row_once_and_acks(server_factory):
+def test_store_source_streams_each_row_once_and_commits_a_cut_per_step(server_factory):
     server = server_factory()
-    cfg = trainer.TrainConfig(target=server.address, table="ppo", sample_timeout=5, samples_per_insert=0)
+    cfg = trainer.TrainConfig(target=server.address, table="ppo", sample_timeout=5, samples_per_insert=0,
+                              stream=True, stream_group="t")
     with Client(server.address) as client:
         trainer.create_table(client, cfg, batch_size=6, group_size=None)
         client.insert("ppo", trajectories(12))
-        source = trainer.StoreSource(cfg, Dist(), "stream", 6, group="t")
-        first, second = source.next(), source.next()
-        assert len(first.rollouts) >= 6 and len(second.rollouts) >= 6
-        first.ack()
-        second.ack()
-        stats = client.stats("ppo")["ppo"]
-        acked = [v for k, v in stats.items() if k.startswith("group.t.") and "acked" in k]
-        assert acked and acked[0] == 12
+        source = trainer.StoreSource(cfg, Dist(), 6)
+        source.start(0, resumed=False)
+        first = source.next(1)
+        first.commit()
+        second = source.next(2)
+        second.commit()
+        assert len(first.rollouts) == len(second.rollouts) == 6
+        assert client.stats("ppo")["ppo"]["group.t.acked"] == 12
+        assert [client.manifest("ppo", s)[0].tolist() for s in (1, 2)] == [list(range(1, 7)), list(range(7, 13))]
+
+
+def test_a_streamed_grpo_step_takes_whole_groups_and_leaves_a_partial_one_in_flight(server_factory):
+    server = server_factory()
+    cfg = trainer.TrainConfig(target=server.address, table="grpo", sample_timeout=5, samples_per_insert=0,
+                              stream=True, max_staleness=100)
+    with Client(server.address) as client:
+        trainer.create_table(client, cfg, batch_size=4, group_size=2)
+        source = trainer.StoreSource(cfg, Dist(), 4, group_size=2)
+        source.start(0, resumed=False)
+        a, b, c = (trajectories(2, groups=1, id_prefix=p) for p in "abc")
+        d = trajectories(2, groups=1, id_prefix="d")
+        aborted = d.set_column(d.schema.get_field_index("finish_reason"), "finish_reason",
+                               pa.array(["stop", "aborted"]))
+        client.insert("grpo", a)
+        client.insert("grpo", b.slice(0, 1))  # half of group b so far
+        client.insert("grpo", c)
+        step1 = source.next(1)
+        assert step1.rollouts.group_index.tolist() == [0, 0, 1, 1]  # a and c: whole groups only
+        step1.commit()
+        assert client.manifest("grpo", 1)[0].tolist() == [1, 2, 4, 5]
+        client.insert("grpo", b.slice(1, 1))
+        client.insert("grpo", aborted)
+        step2 = source.next(2)  # b (waited in flight, committed with cut 1) and d, its aborted row dropped
+        assert len(step2.rollouts) == 3
+        step2.commit()
+        assert client.manifest("grpo", 2)[0].tolist() == [3, 6, 7]
+        assert client.stats("grpo")["grpo"]["group.trainer.acked"] == 8
 
 
 def test_the_rate_limited_table_lets_a_producer_and_the_trainer_alternate(server_factory):
@@ -118,8 +150,36 @@ def test_the_rate_limited_table_lets_a_producer_and_the_trainer_alternate(server
     cfg = trainer.TrainConfig(target=server.address, table="rl", sample_timeout=5)
     with Client(server.address) as client:
         trainer.create_table(client, cfg, batch_size=16, group_size=4)
-        source = trainer.StoreSource(cfg, Dist(), "sample", 16)
+        source = trainer.StoreSource(cfg, Dist(), 16)
         for k in range(3):  # a producer inserting groups of 4, a trainer sampling 16: neither stalls
             for g in range(4):
                 client.insert("rl", trajectories(4, groups=1, id_prefix=f"s{k}g{g}"), timeout=5)
-            assert len(source.next().rollouts) == 16
+            assert len(source.next(k + 1).rollouts) == 16
+
+
+class Lost(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_stream_read_lost_with_its_server_is_read_again_from_the_last_cut(server_factory, monkeypatch):
+    server = server_factory()
+    cfg = trainer.TrainConfig(target=server.address, table="ppo", sample_timeout=5, samples_per_insert=0,
+                              stream=True, store_retry_s=5)
+    with Client(server.address) as client:
+        trainer.create_table(client, cfg, batch_size=6, group_size=None)
+        client.insert("ppo", trajectories(12))
+        source = trainer.StoreSource(cfg, Dist(), 6)
+        real = source.client.stream
+
+        def lossy(*args, **kwargs):  # the server delivers rows 1-6, the response never arrives
+            monkeypatch.setattr(source.client, "stream", real)
+            next(real(*args, **kwargs))
+            raise Lost()
+            yield
+
+        monkeypatch.setattr(source.client, "stream", lossy)
+        source.start(0, resumed=False)
+        for step in (1, 2):  # step 1 resumes at cut 0 and gets the lost rows again
+            source.next(step).commit()
+        assert [client.manifest("ppo", s)[0].tolist() for s in (1, 2)] == [list(range(1, 7)), list(range(7, 13))]
