@@ -13,6 +13,12 @@ Every episode finishes with a finish_reason: "stop" / "length" (the engine's, on
 final turn), "max_turns", "timeout" (the group's deadline or an environment call's),
 "env_crash" (reset or step raised). Failed episodes still produce a row, so that a group
 is always complete in the store's group sampler.
+
+Partial rollouts: a group interrupted (``interrupt``: the producer stops, or a weight
+update) comes back at once with its unfinished episodes "aborted": their tokens,
+logprobs and per-token versions as generated, a turn cut mid-generation included
+(``metadata.partial.open_turn``). ``continue_group`` takes such a group and goes on from
+exactly there.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from . import tools
-from .engines.base import Engine, Generation, SamplingParams
+from .engines.base import Engine, Generation, Interrupt, SamplingParams
 from .envs.base import Env
 from .envs.pool import call_env
 
@@ -75,7 +81,7 @@ class AgentConfig:
 
 @dataclass
 class _Episode:
-    """One row under construction."""
+    """One row under construction (or restored from a stored partial row)."""
     tokens: list[int]
     loss_mask: list[int]
     logprobs: list[float]
@@ -83,30 +89,55 @@ class _Episode:
     turns: list[dict] = field(default_factory=list)
     step_rewards: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    open_turn: bool = False  # its last assistant turn was cut mid-generation
 
     def add(self, ids, role: str, version: int, logprobs=None, reward: float = 0.0, **tool) -> None:
         start = len(self.tokens)
+        self._append(ids, version, logprobs)
+        self.turns.append({"role": role, "start": start, "end": len(self.tokens), **tool})
+        self.step_rewards.append(reward)
+
+    def extend_turn(self, ids, version: int, logprobs) -> None:
+        """More generated tokens for the open (last, assistant) turn."""
+        self._append(ids, version, logprobs)
+        self.turns[-1]["end"] = len(self.tokens)
+
+    def _append(self, ids, version: int, logprobs) -> None:
         self.tokens += ids
         self.loss_mask += [1 if logprobs is not None else 0] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.versions += [version] * len(ids)
-        self.turns.append({"role": role, "start": start, "end": len(self.tokens), **tool})
-        self.step_rewards.append(reward)
+
+    @property
+    def turns_done(self) -> int:
+        """Generate calls this episode took part in: one assistant turn each."""
+        return sum(t["role"] == "assistant" for t in self.turns)
+
+    def last_turn(self) -> list[int]:
+        return self.tokens[self.turns[-1]["start"]:self.turns[-1]["end"]]
+
+    @classmethod
+    def from_row(cls, row: dict) -> "_Episode":
+        versions = row["token_policy_version"] or [row["policy_version"]] * len(row["tokens"])
+        turns = [{k: v for k, v in t.items() if v is not None} for t in row["turns"]]
+        meta = json.loads(row["metadata"])
+        return cls(list(row["tokens"]), list(row["loss_mask"]), list(row["logprobs"]), list(versions), turns,
+                   list(row["step_rewards"]), open_turn=meta.get("partial", {}).get("open_turn", False))
 
 
 async def rollout_group(engine: Engine, envs: list[Env], task: dict, params: SamplingParams, tok, *,
                         group_id: str | None = None, config: AgentConfig = AgentConfig(),
                         gate: SwapGate | None = None,
-                        before_generate: Callable[[], Awaitable[None]] | None = None) -> list[dict]:
+                        before_generate: Callable[[], Awaitable[None]] | None = None,
+                        interrupt: Interrupt | None = None) -> list[dict]:
     """Roll out ``task`` once per environment in ``envs`` (the group) and return the rows.
     ``before_generate`` runs before each turn's generation (the producer checks for new
-    weights there); ``gate`` keeps weight swaps out of generate calls."""
-    gate = gate or SwapGate()
+    weights there); ``gate`` keeps weight swaps out of generate calls. Once
+    ``interrupt()`` is true the group stops: its unfinished episodes come back with
+    finish_reason "aborted" and what they have (``continue_group`` goes on from them)."""
     deadline = time.monotonic() + config.episode_timeout
     env = envs[0]
-    stops = set(params.stop_token_ids) | {tok.eos_id} | ({tok.encode("</tool>")[-1]} if env.tools else set())
-    params = SamplingParams(**{**params.__dict__, "stop_token_ids": tuple(sorted(stops))})
-
+    params = _with_stops(params, tok, env)
     version0 = engine.version
     episodes = []
     for e in envs:
@@ -115,9 +146,76 @@ async def rollout_group(engine: Engine, envs: list[Env], task: dict, params: Sam
         ep.add([tok.bos_id] + (tok.encode(prompt) if failed is None else []), "user", version0)
         ep.finish_reason = failed
         episodes.append(ep)
+    await _play(engine, envs, episodes, params, tok, deadline, config, gate or SwapGate(), before_generate, interrupt)
+    return [_row(ep, task, env, params, group_id, len(envs), config) for ep in episodes]
+
+
+async def continue_group(engine: Engine, env_factory: Callable[[], Env], rows: list[dict], params: SamplingParams,
+                         tok, *, config: AgentConfig = AgentConfig(), gate: SwapGate | None = None,
+                         before_generate: Callable[[], Awaitable[None]] | None = None,
+                         interrupt: Interrupt | None = None) -> list[dict]:
+    """Go on with a stored partial group (``rows``, in group order): each aborted row
+    continues where it stopped, a cut turn with what is left of its token budget, under
+    the engine's version now (its tokens keep the versions they were generated with), its
+    environment brought back by replaying the stored turns (``reset`` and the ``step``
+    of every finished turn that was not a tool call: environments must be deterministic).
+    Rows that had finished come back unchanged. A continued row gets a new traj_id
+    derived from the aborted one (the same for every attempt, so the store deduplicates a
+    retried continuation) and ``metadata.continues`` = the aborted row's traj_id."""
+    deadline = time.monotonic() + config.episode_timeout
+    meta = json.loads(rows[0]["metadata"])
+    task, envs = meta["task"], [env_factory() for _ in rows]
+    params = _with_stops(params, tok, envs[0])
+    episodes = []
+    for env, row in zip(envs, rows):
+        ep = _Episode.from_row(row)
+        if row["finish_reason"] == "aborted":
+            ep.finish_reason = await _replay(env, task, ep, tok, deadline, config)
+        else:
+            ep.finish_reason = row["finish_reason"]
+        episodes.append(ep)
+    await _play(engine, envs, episodes, params, tok, deadline, config, gate or SwapGate(), before_generate, interrupt)
+    out = []
+    for ep, row in zip(episodes, rows):
+        old = {k: v for k, v in json.loads(row["metadata"]).items() if k != "partial"}
+        if row["finish_reason"] != "aborted":
+            out.append({**row, "metadata": json.dumps(old)})
+            continue
+        new = _row(ep, task, envs[0], params, row["group_id"], row["group_size"], config)
+        partial = json.loads(new["metadata"]).get("partial")  # aborted again
+        new |= {"traj_id": uuid.uuid5(uuid.NAMESPACE_OID, row["traj_id"]).hex, "prompt_id": row["prompt_id"],
+                "metadata": json.dumps({**old, **({"partial": partial} if partial else {}),
+                                        "continues": row["traj_id"], "continue_seed": params.seed})}
+        out.append(new)
+    return out
+
+
+async def _replay(env: Env, task: dict, ep: _Episode, tok, deadline: float, config: AgentConfig) -> str | None:
+    """Bring a new environment to where a stored episode left it: ``reset``, then ``step``
+    with every finished assistant turn that was not followed by a tool observation.
+    Returns None, or the finish_reason of a failed call."""
+    timeout = lambda: min(config.env_timeout, deadline - time.monotonic())  # noqa: E731
+    _, failed = await call_env(env.reset, task, timeout=timeout())
+    turns = ep.turns
+    for k, turn in enumerate(turns):
+        closed = k < len(turns) - 1 or not ep.open_turn
+        tool_call = k + 1 < len(turns) and turns[k + 1]["role"] == "tool"
+        if failed is None and turn["role"] == "assistant" and closed and not tool_call:
+            _, failed = await call_env(env.step, tok.decode(ep.tokens[turn["start"]:turn["end"]]), timeout=timeout())
+    return failed
+
+
+async def _play(engine: Engine, envs: list[Env], episodes: list[_Episode], params: SamplingParams, tok,
+                deadline: float, config: AgentConfig, gate: SwapGate,
+                before_generate: Callable[[], Awaitable[None]] | None, interrupt: Interrupt | None) -> None:
+    """Turns until every episode has finished (or the group is interrupted): rows that
+    continue a cut turn generate first, with what is left of their budget."""
     session = engine.session([ep.tokens for ep in episodes])
     try:
-        for _ in range(config.max_turns):
+        while True:
+            for ep in episodes:
+                if ep.finish_reason is None and not ep.open_turn and ep.turns_done >= config.max_turns:
+                    ep.finish_reason = "max_turns"
             rows = [i for i, ep in enumerate(episodes) if ep.finish_reason is None]
             if not rows:
                 break
@@ -127,22 +225,47 @@ async def rollout_group(engine: Engine, envs: list[Env], task: dict, params: Sam
                 break
             if before_generate is not None:
                 await before_generate()
-            async with gate.generation():
-                version = engine.version
-                gens = await asyncio.to_thread(session.generate, params, rows)
-            await asyncio.gather(*(_after_turn(episodes[i], envs[i], session, i, g, version, tok, deadline, config)
-                                   for i, g in zip(rows, gens)))
-        for ep in episodes:
-            ep.finish_reason = ep.finish_reason or "max_turns"
+            cut = [i for i in rows if episodes[i].open_turn]
+            if cut:
+                used = len(episodes[cut[0]].last_turn())
+                rows = [i for i in cut if len(episodes[i].last_turn()) == used]
+                turn_params = SamplingParams(**{**params.__dict__, "max_tokens": max(0, params.max_tokens - used)})
+            else:
+                turn_params = params
+            async with gate.generation():  # asked here, after any weight swap: a swap is no reason to stop
+                stopped = interrupt is not None and interrupt()
+                if not stopped:
+                    version = engine.version
+                    gens = await asyncio.to_thread(session.generate, turn_params, rows, interrupt)
+            if not stopped:
+                await asyncio.gather(*(_after_turn(episodes[i], envs[i], session, i, g, version, tok, deadline,
+                                                   config) for i, g in zip(rows, gens)))
+            if stopped or any(g.finish_reason == "aborted" for g in gens):
+                for ep in episodes:
+                    ep.finish_reason = ep.finish_reason or "aborted"
+                break
     finally:
         session.close()
-    return [_row(ep, task, env, params, group_id, len(envs), config) for ep in episodes]
+
+
+def _with_stops(params: SamplingParams, tok, env: Env) -> SamplingParams:
+    """Generation stops at <eos>, and at </tool> when the environment has tools."""
+    stops = set(params.stop_token_ids) | {tok.eos_id} | ({tok.encode("</tool>")[-1]} if env.tools else set())
+    return SamplingParams(**{**params.__dict__, "stop_token_ids": tuple(sorted(stops))})
 
 
 async def _after_turn(ep: _Episode, env: Env, session, row: int, gen: Generation, version: int, tok,
                       deadline: float, config: AgentConfig) -> None:
-    ep.add(gen.tokens, "assistant", version, logprobs=gen.logprobs)
-    text = tok.decode(gen.tokens)
+    if ep.open_turn:
+        ep.extend_turn(gen.tokens, version, gen.logprobs)
+    elif gen.tokens or gen.finish_reason != "aborted":
+        ep.add(gen.tokens, "assistant", version, logprobs=gen.logprobs)
+    if gen.finish_reason == "aborted":
+        ep.open_turn = ep.open_turn or bool(gen.tokens)
+        ep.finish_reason = "aborted"
+        return
+    ep.open_turn = False
+    text = tok.decode(ep.last_turn())
     call = tools.parse_call(text) if env.tools else None
     if call is not None and gen.finish_reason == "stop":
         result = await tools.call(*call, allow=env.tools)
@@ -170,14 +293,18 @@ def _row(ep: _Episode, task: dict, env: Env, params: SamplingParams, group_id: s
     generated = [v for v, m in zip(ep.versions, ep.loss_mask) if m]
     policy_version = min(generated, default=ep.versions[0])
     reward = float(sum(ep.step_rewards))
+    aborted = ep.finish_reason == "aborted"
+    meta = {"sampling": params.to_dict(), "seed": params.seed, "engine": config.engine_name,
+            "answer": task.get("answer"), "task": task}
+    if aborted:  # what continue_group needs besides the tokens: was the last turn cut?
+        meta["partial"] = {"open_turn": ep.open_turn}
     return {
         "traj_id": uuid.uuid4().hex, "prompt_id": task["prompt_id"],
         "group_id": group_id, "group_size": group_size if group_id else None, "task": env.name,
         "tokens": ep.tokens, "loss_mask": ep.loss_mask, "logprobs": ep.logprobs,
         "policy_version": policy_version,
-        "token_policy_version": ep.versions if len(set(generated)) > 1 else None,
+        "token_policy_version": ep.versions if len(set(generated)) > 1 or aborted else None,
         "turns": ep.turns, "reward": reward, "step_rewards": ep.step_rewards,
         "reward_components": {"env": reward}, "finish_reason": ep.finish_reason,
-        "metadata": json.dumps({"sampling": params.to_dict(), "seed": params.seed, "engine": config.engine_name,
-                                "answer": task.get("answer"), "task": task}),
+        "metadata": json.dumps(meta),
     }

@@ -10,6 +10,13 @@ token_policy_version). A whole group is inserted in one Insert (all or none), so
 store's group sampler sees it complete at once; into a sharded store ("host:port,..."),
 a group goes whole to the shard of its group_id.
 
+Partial rollouts (partials.py): a stop (``stop_event``, SIGTERM for the program) or,
+with ``interrupt_on_update``, a new version interrupts the groups in flight at the next
+token; each is stored whole in ``<table>_partial`` with its unfinished rows "aborted".
+A producer continues stored groups before it starts new ones (agent.continue_group),
+the trainer's table gets the finished group, and the partial one is done. Trainers
+never see aborted rows.
+
 Run as a program::
 
     python -m expstore_rl.producer --server 127.0.0.1:50051 --table rollouts \\
@@ -24,6 +31,7 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -39,6 +47,7 @@ from expstore_client import AsyncClient, ShardedClient, names_shards
 
 from . import agent, weights
 from .engines.base import Engine, SamplingParams
+from .partials import Partials
 from .envs.base import Env
 from .envs.pool import EnvPool, EpisodeError
 from .rewards import Reward
@@ -54,6 +63,9 @@ class ProducerConfig:
     weights_poll_s: float = 1.0  # least seconds between two looks for new weights
     insert_retries: int = 3  # an Insert is retried (safe: traj_id is idempotent) before giving up
     log_every: int = 0  # print the metrics as one JSON line every N groups (0: never)
+    partials: bool = True  # store interrupted groups in <table>_partial and continue them (partials.py)
+    interrupt_on_update: bool = False  # a new version interrupts the generations running (their groups go on under it)
+    partial_group: str = "producers"  # the producers' consumer group on the partial table
     agent: agent.AgentConfig = field(default_factory=agent.AgentConfig)
 
 
@@ -86,6 +98,11 @@ class Producer:
         self.metrics: Counter = Counter()
         self._last_poll = float("-inf")
         self._groups_started = 0
+        self._partials: Partials | None = None
+        self._look_for_partials = False
+        self._stop: threading.Event | None = None
+        self._updating = False  # a new version waits for the generations running: they stop
+        self._reloading: asyncio.Lock | None = None  # one look for new weights at a time (per event loop)
 
     def run(self, num_groups: int | None = None, stop_event: threading.Event | None = None) -> dict:
         """Produce ``num_groups`` groups (None: until ``stop_event`` is set); returns the
@@ -93,34 +110,96 @@ class Producer:
         return asyncio.run(self.run_async(num_groups, stop_event))
 
     async def run_async(self, num_groups: int | None = None, stop_event: threading.Event | None = None) -> dict:
-        async with inserter(self.target, self.token) as insert:
-            await self.maybe_reload(force=True)
-            pool = EnvPool(self.config.concurrency)
-            async for result in pool.run(self._jobs(num_groups, stop_event)):
-                if isinstance(result, EpisodeError):  # a bug outside any environment call
-                    self.metrics["producer/failed_groups"] += 1
-                    continue
-                await self._insert(insert, result)
+        """Groups stored as partial by earlier runs (or other producers) are continued
+        first. Setting ``stop_event`` interrupts the groups in flight: they are stored as
+        partial (partials.py), and the run returns."""
+        self._stop, self._reloading = stop_event, None
+        if self.config.partials:
+            self._partials = await asyncio.to_thread(Partials.open, self.target, self.token, self.table,
+                                                     self.config.partial_group)
+        self._look_for_partials = self._partials is not None
+        watcher = None
+        try:
+            async with inserter(self.target, self.token) as insert:
+                await self.maybe_reload(force=True)
+                if self.config.interrupt_on_update and self._partials is not None and self.weights_uri:
+                    watcher = asyncio.ensure_future(self._watch_weights())
+                pool, fresh = EnvPool(self.config.concurrency), num_groups
+                while True:
+                    async for result in pool.run(self._jobs(fresh, stop_event)):
+                        if isinstance(result, EpisodeError):  # a bug outside any environment call
+                            self.metrics["producer/failed_groups"] += 1
+                            continue
+                        await self._finish(insert, *result)
+                    if not self._look_for_partials or (stop_event and stop_event.is_set()):
+                        break
+                    fresh = 0  # groups a new version interrupted after the last job started
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if self._partials is not None:
+                self._partials.close()
         return self.stats()
 
     def _jobs(self, num_groups: int | None, stop_event: threading.Event | None):
+        """Partial groups first (looked for at the start and after a group was stored as
+        partial; the look is one short blocking read), then ``num_groups`` new ones."""
         started = 0
-        while (num_groups is None or started < num_groups) and not (stop_event and stop_event.is_set()):
+        while not (stop_event and stop_event.is_set()):
+            if self._look_for_partials:
+                taken = self._partials.take(max(self.group_size, 1))
+                self._look_for_partials = bool(taken)
+                for rows, first in taken:
+                    self.metrics["producer/continued_groups"] += 1
+                    yield partial(self._continue, rows, first)
+                if taken:
+                    continue
+            if num_groups is not None and started >= num_groups:
+                return
             started += 1
             self._groups_started += 1  # over all runs: the seed of each group differs
             yield partial(self._group, self._groups_started)
 
-    async def _group(self, k: int) -> list[dict]:
+    async def _group(self, k: int) -> tuple[list[dict], None]:
         env = self.env_factory()
         task = env.sample_task(self.rng)
-        seed = self.config.seed * 1_000_003 + k
-        params = SamplingParams(**{**self.params.__dict__, "seed": seed})
         rows = await agent.rollout_group(
-            self.engine, [env] + [self.env_factory() for _ in range(self.group_size - 1)], task, params, self.tok,
-            group_id=uuid.uuid4().hex, config=self.config.agent, gate=self.gate, before_generate=self.maybe_reload)
-        if self.reward_fn is not None:
-            await asyncio.to_thread(self._score, rows)
-        return rows
+            self.engine, [env] + [self.env_factory() for _ in range(self.group_size - 1)], task, self._params(k),
+            self.tok, group_id=uuid.uuid4().hex, config=self.config.agent, gate=self.gate,
+            before_generate=self.maybe_reload, interrupt=self._interrupt())
+        return rows, None
+
+    async def _continue(self, rows: list[dict], first: int) -> tuple[list[dict], int]:
+        """Continue a stored partial group; returns the rows and its index-0 row's id."""
+        self._groups_started += 1
+        rows = await agent.continue_group(
+            self.engine, self.env_factory, rows, self._params(self._groups_started), self.tok,
+            config=self.config.agent, gate=self.gate, before_generate=self.maybe_reload, interrupt=self._interrupt())
+        return rows, first
+
+    def _params(self, k: int) -> SamplingParams:
+        return SamplingParams(**{**self.params.__dict__, "seed": self.config.seed * 1_000_003 + k})
+
+    def _interrupt(self):
+        """What interrupts a group's generations: a stop, or a new version (with
+        interrupt_on_update); None when interrupted groups cannot be stored."""
+        if self._partials is None:
+            return None
+        return lambda: self._updating or (self._stop is not None and self._stop.is_set())
+
+    async def _finish(self, insert: Insert, rows: list[dict], continued: int | None) -> None:
+        """A whole group into the table, or, interrupted, into the partial table; then a
+        continued group's partial rows are done."""
+        if any(r["finish_reason"] == "aborted" for r in rows):
+            await asyncio.to_thread(self._partials.put, rows)
+            self.metrics["producer/aborted_groups"] += 1
+            self._look_for_partials = not (self._stop is not None and self._stop.is_set())
+        else:
+            if self.reward_fn is not None:
+                await asyncio.to_thread(self._score, rows)
+            await self._insert(insert, rows)
+        if continued is not None:
+            await asyncio.to_thread(self._partials.done, continued)
 
     def _score(self, rows: list[dict]) -> None:
         for row in rows:
@@ -130,19 +209,37 @@ class Producer:
                 **row["reward_components"], **{k: float(v) for k, v in result.components.items()}}
 
     async def maybe_reload(self, force: bool = False) -> None:
-        """Load the newest published version if it is newer than the engine's."""
+        """Load the newest published version if it is newer than the engine's. With
+        interrupt_on_update the generations running are interrupted rather than waited
+        for (their groups are stored as partial and continued under the new version)."""
         if self.weights_uri is None or (not force and time.monotonic() - self._last_poll < self.config.weights_poll_s):
             return
+        self._reloading = self._reloading or asyncio.Lock()
+        async with self._reloading:
+            await self._reload()
+
+    async def _reload(self) -> None:
         self._last_poll = time.monotonic()
         latest = await asyncio.to_thread(weights.latest_version, self.weights_uri)
         if latest is None or latest <= self.engine.version:
             return
         path = await asyncio.to_thread(weights.local_path, self.weights_uri, latest)
-        async with self.gate.swap():
-            if latest > self.engine.version:  # another task may have swapped meanwhile
-                await asyncio.to_thread(self.engine.load_weights, path, latest)
-                self.metrics["producer/weight_reloads"] += 1
-                log.info("loaded policy version %d", latest)
+        self._updating = self.config.interrupt_on_update
+        try:
+            async with self.gate.swap():
+                self._updating = False
+                if latest > self.engine.version:  # another task may have swapped meanwhile
+                    await asyncio.to_thread(self.engine.load_weights, path, latest)
+                    self.metrics["producer/weight_reloads"] += 1
+                    log.info("loaded policy version %d", latest)
+        finally:
+            self._updating = False
+
+    async def _watch_weights(self) -> None:
+        """With interrupt_on_update: look for new versions while generations run too."""
+        while True:
+            await asyncio.sleep(self.config.weights_poll_s)
+            await self.maybe_reload()
 
     async def _insert(self, insert: Insert, rows: list[dict]) -> None:
         for attempt in range(self.config.insert_retries + 1):
@@ -214,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reward", default=None, help="a reward of expstore_rl.rewards by name (default: the env's)")
     p.add_argument("--log-every", type=int, default=10, help="print metrics as JSON every N groups")
+    p.add_argument("--partials", action=argparse.BooleanOptionalAction, default=True,
+                   help="store groups interrupted by a stop in <table>_partial and continue stored ones first")
+    p.add_argument("--interrupt-on-update", action="store_true",
+                   help="a new policy version interrupts the generations running; their groups go on under it")
     return p
 
 
@@ -225,7 +326,8 @@ def from_args(argv: list[str] | None = None, token: str | None = None) -> tuple[
     a = build_parser().parse_args(argv)
     engine = build_engine(a.engine, a.weights_uri, a.device, a.seed)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
-    config = ProducerConfig(concurrency=a.concurrency, seed=a.seed, log_every=a.log_every,
+    config = ProducerConfig(concurrency=a.concurrency, seed=a.seed, log_every=a.log_every, partials=a.partials,
+                            interrupt_on_update=a.interrupt_on_update,
                             agent=agent.AgentConfig(max_turns=a.max_turns, engine_name=a.engine))
     producer = Producer(a.server, a.table, engine, ENVS[a.env], group_size=a.group_size, weights_uri=a.weights_uri,
                         params=params, token=token or a.token, reward_fn=getattr(rewards, a.reward) if a.reward else None,
@@ -238,7 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     torch.set_num_threads(1)
     producer, num_groups = from_args(argv)
-    print(json.dumps(producer.run(num_groups)), flush=True)
+    stop = threading.Event()  # SIGTERM (e.g. the launcher's): the groups in flight are stored as partial
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(json.dumps(producer.run(num_groups, stop)), flush=True)
 
 
 if __name__ == "__main__":

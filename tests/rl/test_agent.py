@@ -80,7 +80,7 @@ def test_tito_with_the_torch_engine():
     def recording_session(prompts):
         s = session(prompts)
         generate = s.generate
-        s.generate = lambda params, rows: produced.append(generate(params, rows)) or produced[-1]
+        s.generate = lambda params, rows, interrupt=None: produced.append(generate(params, rows)) or produced[-1]
         return s
 
     engine.session = recording_session

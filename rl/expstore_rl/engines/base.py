@@ -10,7 +10,11 @@ vLLM's prefix cache finds the prefix again). Nothing is ever re-tokenized.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
+
+Interrupt = Callable[[], bool]
+"""Asked between generated tokens (TorchEngine) or before a call (vLLM): True stops the
+generation, and the rows still generating come back ``"aborted"`` with what they have."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class SamplingParams:
 class Generation:
     tokens: list[int]  # generated ids; a stop token that ended generation is included
     logprobs: list[float]  # logprob of each under the processed distribution (model.token_logprobs)
-    finish_reason: str  # "stop" (a stop token was produced) or "length"
+    finish_reason: str  # "stop" (a stop token was produced), "length", or "aborted" (interrupted)
 
 
 class EpisodeSession(Protocol):
@@ -38,9 +42,11 @@ class EpisodeSession(Protocol):
 
     tokens: list[list[int]]
 
-    def generate(self, params: SamplingParams, rows: Sequence[int]) -> list[Generation]:
+    def generate(self, params: SamplingParams, rows: Sequence[int],
+                 interrupt: Interrupt | None = None) -> list[Generation]:
         """Continue rows ``rows`` (one Generation each, in that order); appends the output
-        to their histories."""
+        to their histories. Once ``interrupt()`` is true, rows still generating stop
+        with finish_reason "aborted" (Interrupt)."""
 
     def append(self, row: int, tokens: Sequence[int]) -> None:
         """Append ids (a tool observation) to row's history; not generated, no logprobs."""
@@ -66,7 +72,11 @@ class ResubmitSession:
     def __init__(self, engine: Engine, prompts: list[list[int]]) -> None:
         self.engine, self.tokens = engine, [list(p) for p in prompts]
 
-    def generate(self, params: SamplingParams, rows: Sequence[int]) -> list[Generation]:
+    def generate(self, params: SamplingParams, rows: Sequence[int],
+                 interrupt: Interrupt | None = None) -> list[Generation]:
+        """One ``engine.generate`` call runs to its end: ``interrupt`` is asked before it."""
+        if interrupt is not None and interrupt():
+            return [Generation([], [], "aborted") for _ in rows]
         gens = self.engine.generate([self.tokens[i] for i in rows], params)
         for i, g in zip(rows, gens):
             self.tokens[i].extend(g.tokens)

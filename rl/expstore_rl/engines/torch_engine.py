@@ -13,7 +13,9 @@ next turn), so no token is ever run twice.
 Concurrency: any number of sessions, from any threads; one forward pass at a time (a
 lock), and ``load_weights`` takes the same lock, so weights change only between forward
 passes. A session that spans a weight change keeps the KV entries computed with the old
-weights (as vLLM does); the agent records per-token versions for that.
+weights (as vLLM does); the agent records per-token versions for that. A generate call
+asks its ``interrupt`` after every token and, once it is true, returns at once: the rows
+still generating come back "aborted" with the tokens they have (a partial rollout).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from transformers import DynamicCache
 
 from .. import weights
 from ..model import process_logits
-from .base import Generation, SamplingParams
+from .base import Generation, Interrupt, SamplingParams
 
 
 class TorchEngine:
@@ -105,7 +107,9 @@ class KVSession:
             self.pending[i] = []
         return self._feed(ids.clamp(min=self.engine.pad_id), new)
 
-    def generate(self, params: SamplingParams, rows: Sequence[int]) -> list[Generation]:
+    def generate(self, params: SamplingParams, rows: Sequence[int],
+                 interrupt: Interrupt | None = None) -> list[Generation]:
+        """Sample up to max_tokens for ``rows``; ``interrupt`` is asked after each token."""
         rows = list(rows)
         dev = self.engine.device
         budget = torch.tensor([min(params.max_tokens, self.engine.max_positions - len(self.tokens[i]))
@@ -117,6 +121,7 @@ class KVSession:
         lps = torch.zeros(len(rows), steps, device=dev)
         alive = budget > 0
         stopped = torch.zeros(len(rows), dtype=torch.bool, device=dev)
+        aborted = torch.zeros(len(rows), dtype=torch.bool, device=dev)
         row_idx = torch.tensor(rows, dtype=torch.long, device=dev)
         live_rows = [r for r, a in zip(rows, alive.tolist()) if a]
         logits = self._feed_pending(live_rows) if live_rows else None
@@ -130,6 +135,9 @@ class KVSession:
             alive &= ~stopped & (budget > s + 1)
             if not alive.any():
                 break
+            if interrupt is not None and interrupt():
+                aborted = alive
+                break
             ids = torch.full((len(self.tokens), 1), self.engine.pad_id, dtype=torch.long, device=dev)
             new = torch.zeros_like(ids)
             ids[row_idx[alive], 0], new[row_idx[alive], 0] = tok[alive], 1
@@ -137,7 +145,8 @@ class KVSession:
         out = []
         for j, i in enumerate(rows):
             n = int((toks[j] >= 0).sum())
-            g = Generation(toks[j, :n].tolist(), lps[j, :n].tolist(), "stop" if stopped[j] else "length")
+            reason = "stop" if stopped[j] else "aborted" if aborted[j] else "length"
+            g = Generation(toks[j, :n].tolist(), lps[j, :n].tolist(), reason)
             self.tokens[i].extend(g.tokens)
             if g.tokens:  # its last token is not in the cache yet
                 self.pending[i] = g.tokens[-1:]
