@@ -21,8 +21,9 @@ trainer to them.
 
 Without ``--ray-address`` a single-node Ray is started here, on 127.0.0.1 only
 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: otherwise Ray binds to the machine's other
-address). When the trainer finishes, the producers are asked to stop: each finishes the
-groups it has in flight, inserts them and returns its metrics.
+address). When the trainer finishes, the producers are asked to stop: each stores the
+groups it has in flight as partial rollouts (continued by the next run's producers) and
+returns its metrics.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def prepare(a: argparse.Namespace, cfg: trainer.TrainConfig) -> None:
 
 class ProducerActor:
     """A producer in a Ray actor: ``run`` produces until ``stop`` (called on another of
-    the actor's threads) or ``num_groups``, then returns the producer's metrics."""
+    the actor's threads: the groups in flight are stored as partial) or ``num_groups``,
+    then returns the producer's metrics."""
 
     def __init__(self, argv: list[str], token: str | None = None) -> None:
         import torch

@@ -57,7 +57,7 @@ def test_ray_actors_produce_and_train_against_an_external_store(shared_server, c
     assert client.stats(table_name)[table_name]["inserts"] == 8
 
 
-def test_a_producer_actor_stops_after_the_groups_in_flight(shared_server, client, table_name, tmp_path):
+def test_a_producer_actor_stops_and_stores_the_groups_in_flight_as_partial(shared_server, client, table_name, tmp_path):
     flags = launch.build_parser().parse_args(["--max-tokens", "4", "--concurrency", "2"])
     cfg = trainer.parse(grpo.GRPOConfig, trainer_flags(shared_server.address, tmp_path, table_name))
     launch.prepare(flags, cfg)
@@ -71,7 +71,9 @@ def test_a_producer_actor_stops_after_the_groups_in_flight(shared_server, client
         actor.stop()
         stats = running.result(timeout=60)  # returns: it starts no group after stop()
     assert stats["producer/groups"] >= 2 and produced(stats) == 2 * stats["producer/groups"]
-    assert client.stats(table_name)[table_name]["inserts"] == produced(stats)  # in-flight groups were inserted
+    assert client.stats(table_name)[table_name]["inserts"] == produced(stats)
+    partial = table_name + "_partial"  # the groups in flight were stored as partial, whole
+    assert client.stats(partial)[partial]["inserts"] == 2 * stats.get("producer/aborted_groups", 0)
 
 
 def test_local_processes_run_the_same_loop(shared_server, client, table_name, tmp_path):
