@@ -71,6 +71,9 @@ class StoreSource:
     def __init__(self, cfg: TrainConfig, d: Dist, batch_size: int, group_size: int | None = None) -> None:
         from expstore_client import connect, names_shards
 
+        if cfg.stream and cfg.samples_per_insert > 0:
+            raise ValueError("--stream needs --samples-per-insert 0: streams bypass the rate limiter, "
+                             "which would then hold the producers back for good")
         self.cfg, self.d, self.batch_size, self.group_size = cfg, d, batch_size, group_size
         self.stream, self.group = cfg.stream, cfg.stream_group
         options = {} if names_shards(cfg.target) else {"channel_options": RECONNECT}
@@ -131,15 +134,17 @@ class StoreSource:
     # -- stream mode --------------------------------------------------------------------
 
     def _streamed(self, step: int) -> tuple[SampleBatch, Callable[[], None]]:
-        while (index := self._ready()) is None:
-            self._read()
-        batch = take(self._pending, index)
-        self._pending = take(self._pending, np.setdiff1d(np.arange(len(self._pending)), index))
-        aborted = self._aborted(batch)
-        self._dropped += batch.ids[aborted].tolist()
-        batch = take(batch, np.flatnonzero(~aborted))
-        ids = batch.ids.copy()
-        return batch, lambda: self._commit(step, ids)
+        while True:
+            while (index := self._ready()) is None:
+                self._read()
+            batch = take(self._pending, index)
+            self._pending = take(self._pending, np.setdiff1d(np.arange(len(self._pending)), index))
+            aborted = self._aborted(batch)
+            self._dropped += batch.ids[aborted].tolist()
+            if not aborted.all():
+                batch = take(batch, np.flatnonzero(~aborted))
+                ids = batch.ids.copy()
+                return batch, lambda: self._commit(step, ids)
 
     def _ready(self) -> np.ndarray | None:
         """Indices into the pending rows of the next step's batch, or None if they are
