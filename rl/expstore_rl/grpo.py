@@ -4,7 +4,7 @@ decoupled clipped surrogate with truncated importance weights, versioned weight
 publishing.
 
     python -m expstore_rl.grpo --target 127.0.0.1:50051 --table rollouts --group-size 8
-    python -m expstore_rl.grpo ... --stream --sample-order fifo   # every group exactly once
+    python -m expstore_rl.grpo ... --stream                  # every group exactly once
     torchrun --nproc-per-node 2 -m expstore_rl.grpo ...      # FSDP2 over 2 processes
 
 Producers (``python -m expstore_rl.producer``) fill the table with groups of
