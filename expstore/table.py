@@ -709,6 +709,7 @@ class Table:
 
     def _new_group(self, group: str, start: str) -> ConsumerGroup:
         """A consumer group reading from the earliest item or after the newest (lock held)."""
+        self._check_group_name(group)
         position = 1 if start == "earliest" else self._index.next_id
         self._log("group", group=group, position=position)
         g = self._consumers[group] = ConsumerGroup(group, position)

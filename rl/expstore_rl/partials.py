@@ -40,21 +40,23 @@ class Partials:
     @classmethod
     def open(cls, target: str, token: str | None, table: str, group: str) -> "Partials | None":
         """The partial table of ``table`` (created if missing), or None with a warning when
-        this token may not create it: then the producer finishes its groups instead."""
+        it is missing and cannot be made (this token may not create tables, or the name
+        would be too long): then the producer finishes its groups instead."""
         from expstore_client import connect
 
         client = connect(target, token)
         try:
             client.create_table(table + SUFFIX, sampler="fifo", if_not_exists=True)
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.PERMISSION_DENIED:
+            if e.code() not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
+                                grpc.StatusCode.ALREADY_EXISTS):
                 client.close()
                 raise
             try:
-                client.describe(table + SUFFIX)
+                client.describe(table + SUFFIX)  # made by someone else (an admin, another config)
             except grpc.RpcError:
-                log.warning("table %r: no partial table and no right to create it (%s): interrupted groups "
-                            "are finished, not stored", table, e.details())
+                log.warning("table %r: no partial table, and it cannot be created (%s: %s): interrupted "
+                            "groups are finished, not stored", table, e.code().name, e.details())
                 client.close()
                 return None
         return cls(client, table, group)

@@ -459,3 +459,6 @@ def test_a_cut_without_ids_creates_a_group_at_the_earliest_item():
     assert ids(t.stream("g", 10)) == [1, 2, 3, 4]
     with pytest.raises(NotFound, match="no consumer group 'other'"):
         t.commit_cut("other", 1, [1])  # with ids, the group must have read them
+    with pytest.raises(InvalidArgument, match="consumer group name '../x' is not allowed"):
+        t.commit_cut("../x", 0)
+    assert t.stats()["consumer_groups"] == 1  # "g" only
