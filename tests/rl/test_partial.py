@@ -20,6 +20,7 @@ from expstore_rl.agent import continue_group, rollout_group
 from expstore_rl.engines import SamplingParams, TorchEngine
 from expstore_rl.envs import ReverseDigits
 from expstore_rl.model import ModelConfig, build_model, token_logprobs
+from expstore_rl.partials import Partials
 from expstore_rl.producer import Producer, ProducerConfig
 from expstore_rl.tokenizer import CharTokenizer
 
@@ -196,3 +197,17 @@ def test_a_new_version_interrupts_the_generations_running_and_they_go_on_under_i
     aborted = client.get(table_name + "_partial", [1, 2]).data.to_pylist()
     for f, a in zip(client.get(table_name, [1, 2]).data.to_pylist(), aborted):
         assert_continues(f, a, old_model, new_model)
+
+
+def test_without_a_partial_table_a_stopped_producer_finishes_its_groups(client, shared_server):
+    table = "t" * 125  # <table>_partial would exceed the 128 characters of a table name
+    client.create_table(table, sampler="fifo")
+    assert Partials.open(shared_server.address, None, table, "producers") is None
+    stop = threading.Event()
+    engine = TorchEngine(build_model(ModelConfig(), seed=0))
+    recording(engine, before=stop.set)
+    producer = Producer(shared_server.address, table, engine, ReverseDigits, group_size=2, params=PARAMS,
+                        config=ProducerConfig(concurrency=1))
+    stats = producer.run(num_groups=5, stop_event=stop)
+    assert stats["producer/groups"] == 1 and "producer/aborted_groups" not in stats
+    assert client.describe(table).num_items == 2
