@@ -23,6 +23,9 @@ KINDS = ("trajectory", "generic")
 RATE_LIMITER_TYPES = ("min_size", "sample_to_insert_ratio", "queue", "stack", "custom")
 TIERS = ("memory", "ssd", "remote")  # memory only (volatile) | + SSD (durable) | + remote
 DURABILITIES = ("memory", "wal", "fsync")
+METADATA_ENTRIES = 64
+METADATA_KEY_CHARS = 128
+METADATA_VALUE_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ class TableSpec:
         instead of being deleted.
     vocab_size: trajectory tables only; every token id must be < vocab_size (ids are
         always >= 0). Unset: any non-negative int32 id is accepted.
+    metadata: string notes for the tools around the table, never read by the engine;
+        ``tokenizer`` names how the console decodes tokens (docs/console.md). At most
+        METADATA_ENTRIES entries, keys of at most 128 and values of at most
+        METADATA_VALUE_CHARS characters.
     """
 
     name: str
@@ -131,6 +138,7 @@ class TableSpec:
     durability: str | None = None  # None: "wal", or "memory" for a memory-only table
     archive: bool = False
     vocab_size: int | None = None
+    metadata: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         names.check_table(self.name)
@@ -149,6 +157,10 @@ class TableSpec:
         _require(not self.archive or self.tiers in ("remote", None), "archive = true needs tiers = \"remote\"")
         _require(self.tiers != "memory" or self.durability in ("memory", None),
                  "a memory-only table can only acknowledge at durability \"memory\"")
+        if self.metadata is not None:
+            _check_metadata(self.metadata)
+            if not self.metadata:  # {} and unset are the same table (the proto cannot tell them apart)
+                object.__setattr__(self, "metadata", None)
         if self.kind == "generic":
             _require(self.schema is not None and len(self.schema) > 0,
                      "a generic table needs a schema")
@@ -220,6 +232,16 @@ def parse_type(text: str) -> pa.DataType:
         return pa.type_for_alias(t)
     except (ValueError, KeyError):
         raise InvalidArgument(f"unknown column type {text!r} (e.g. int32, float32, string, list<int32>)") from None
+
+
+def _check_metadata(metadata: Any) -> None:
+    _require(isinstance(metadata, dict), "metadata must map names to strings")
+    _require(len(metadata) <= METADATA_ENTRIES, f"metadata has {len(metadata)} entries; at most {METADATA_ENTRIES}")
+    for k, v in metadata.items():
+        _require(isinstance(k, str) and 0 < len(k) <= METADATA_KEY_CHARS,
+                 f"metadata key {str(k)[:40]!r} must be a string of 1 to {METADATA_KEY_CHARS} characters")
+        _require(isinstance(v, str) and len(v) <= METADATA_VALUE_CHARS,
+                 f"metadata[{k[:40]!r}] must be a string of at most {METADATA_VALUE_CHARS} characters")
 
 
 def _build(what: str, cls: type, d: dict[str, Any]):

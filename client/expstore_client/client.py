@@ -70,7 +70,8 @@ class Client:
                      **config: Any) -> TableInfo:
         """Create a table. ``config`` takes the other TableConfig fields: remover,
         max_size, max_times_sampled, max_staleness, memory_bytes, key_column, dedup_window,
-        tiers, ssd_bytes, durability, archive, vocab_size (token ids must be below it)."""
+        tiers, ssd_bytes, durability, archive, vocab_size (token ids must be below it),
+        metadata (string notes such as the console's ``tokenizer``)."""
         req = pb.CreateTableRequest(config=_codec.table_config(name, kind=kind, schema=schema, sampler=sampler,
                                                                rate_limiter=rate_limiter, **config),
                                     if_not_exists=if_not_exists)

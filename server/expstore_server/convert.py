@@ -38,7 +38,8 @@ def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
         name=spec.name, kind=spec.kind, sampler=sampler, remover=spec.remover,
         max_size=spec.max_size, max_times_sampled=spec.max_times_sampled, rate_limiter=limiter,
         memory_bytes=spec.memory_bytes, dedup_window=spec.dedup_window, tiers=spec.tiers,
-        ssd_bytes=spec.ssd_bytes, durability=spec.durability, archive=spec.archive)
+        ssd_bytes=spec.ssd_bytes, durability=spec.durability, archive=spec.archive,
+        metadata=spec.metadata or {})
     if spec.schema is not None:
         config.schema = arrow_ipc.encode_schema(spec.schema)
     if spec.key_column is not None:
