@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install serve test test-fast bench proto demo clean
+.PHONY: install serve test test-fast bench proto demo clean browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,15 +22,22 @@ $(VLLM_STAMP): $(STAMP)
 
 install: $(VLLM_STAMP)
 
-# The daemon on embedded defaults: 127.0.0.1:50051, data dir ./expstore-data.
+# Headless Chromium and its driver from Debian's packages, for the console's browser tests
+# (tests/integration/test_console_browser.py); installed only when missing (as root on CI).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+# The daemon on embedded defaults: 127.0.0.1:50051, data dir ./expstore-data, and the web
+# console on http://127.0.0.1:8080 (docs/console.md).
 serve: $(STAMP)
-	$(BIN)/expstore-server $(ARGS)
+	$(BIN)/expstore-server --http-port 8080 $(ARGS)
 
 # The whole suite, slow tests included (tests/unit/test_docs.py checks the generated stubs).
-test: $(VLLM_STAMP)
+test: $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q $(ARGS)
 
-test-fast: $(VLLM_STAMP)
+test-fast: $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 bench: $(STAMP)

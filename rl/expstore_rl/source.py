@@ -53,6 +53,7 @@ T = TypeVar("T")
 VISIBILITY_S = 3600.0
 """Visibility timeout of streamed rows: rows wait in flight across steps (a group still
 incomplete); a crashed trainer gets them back by resuming, not by the timeout."""
+TOKENIZER = "expstore_rl.tokenizer:CharTokenizer"  # the table metadata that tells the console how to decode tokens
 RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
 """A restarted server is found again within a second (gRPC's default backoff grows to 120 s)."""
 
@@ -265,4 +266,4 @@ def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | No
                    "min_size_to_sample": max(1, batch_size // 2),
                    "error_buffer": (batch_size + insert_size * max(1.0, spi)) / 2 + 1}
     client.create_table(cfg.table, sampler=sampler, max_times_sampled=1, max_staleness=cfg.max_staleness,
-                        rate_limiter=limiter, if_not_exists=True)
+                        rate_limiter=limiter, if_not_exists=True, metadata={"tokenizer": TOKENIZER})

@@ -2,8 +2,9 @@
 
 Talks to a running server (``--server``, ``--token``), or reads data directly: a stopped
 server's data dir (``--data-dir``: the Store opened under its lock) or a remote tier or
-archive directory (``--remote``: its Lance datasets, read-only). Reward functions and tools
-run here, in the CLI's processes, never in the server. Every error is one line on stderr,
+archive directory (``--remote``: its Lance datasets, read-only); ``console`` serves the same
+views to a browser (``expstore_server.console``). Reward functions and tools run here, in
+the CLI's processes, never in the server. Every error is one line on stderr,
 ``expstore: ...``, and exit code 2; ``audit`` and ``replay`` exit 1 when the data did not
 reproduce. Documented in docs/cli.md (a test checks every flag is).
 """
@@ -90,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MODULE.TOOLS[name] or MODULE.<name>: called with the args string, returns a string")
     s = sub.add_parser("checkpoint", help="snapshot the server to its remote tier")
     s.add_argument("name", nargs="?", default="")
+    s = sub.add_parser("console", help="serve the web console for --server (docs/console.md)")
+    from .console.serve import add_arguments
+
+    add_arguments(s)
     return p
 
 
@@ -309,7 +314,7 @@ def _write_csv(reader, sink, args) -> None:
     w.writerow(reader.schema.names)
     for batch in reader:
         for row in batch.to_pylist():
-            w.writerow([_plain(v) for v in row.values()])
+            w.writerow([csv_cell(v) for v in row.values()])
 
 
 def _write_json(reader, sink, args) -> None:
@@ -333,8 +338,8 @@ def _json_default(v):
     return v.isoformat() if hasattr(v, "isoformat") else str(v)
 
 
-def _plain(v) -> str:
-    """A CSV cell: nested values as JSON."""
+def csv_cell(v) -> str:
+    """A CSV cell: nested values as JSON (``query --format csv`` and the console's download)."""
     if v is None:
         return ""
     if isinstance(v, (list, dict, tuple)):
@@ -364,16 +369,16 @@ def _print_rows(out, rows: list[dict], names: list[str]) -> None:
         out.write("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip() + "\n")
 
 
-def _item(b, table: str, item_id: int) -> dict:
-    quoted = '"' + table.replace('"', '""') + '"'
-    rows = b.query(f"SELECT * FROM {quoted} WHERE item_id = {int(item_id)}", 1).read_all().to_pylist()
+def item(b, table: str, item_id: int) -> dict:
+    """One item's row (its columns, the server's and the derived ones) as Python values."""
+    rows = b.query(f"SELECT * FROM {quote(table)} WHERE item_id = {int(item_id)}", 1).read_all().to_pylist()
     if not rows:
         raise CliError(f"table {table!r}: no item with id {item_id}")
     return rows[0]
 
 
 def cmd_show(b, args, out) -> int:
-    row = _item(b, args.table, args.item_id)
+    row = item(b, args.table, args.item_id)
     tok = _load(args.tokenizer, "--tokenizer")() if args.tokenizer else None
     color = out.isatty() and not os.environ.get("NO_COLOR")
 
@@ -387,14 +392,7 @@ def cmd_show(b, args, out) -> int:
             out.write(f"{k:<18} {v}\n")
     tokens, mask, logprobs = row.get("tokens") or [], row.get("loss_mask") or [], row.get("logprobs") or []
     turns = row.get("turns") or []
-    segments, pos = [], 0
-    for k, t in enumerate(turns):
-        if t["start"] > pos:
-            segments.append(("prompt" if pos == 0 else "(between turns)", None, pos, t["start"]))
-        segments.append((f"turn {k}: {t['role']}", t, t["start"], t["end"]))
-        pos = t["end"]
-    if pos < len(tokens):
-        segments.append(("prompt" if pos == 0 else "(after the turns)", None, pos, len(tokens)))
+    segments = token_segments(turns, len(tokens))
     for title, turn, lo, hi in segments:
         out.write(paint(f"\n== {title}  tokens [{lo}, {hi})", "1") + "\n")
         if turn is not None and turn.get("tool_name"):
@@ -409,6 +407,20 @@ def cmd_show(b, args, out) -> int:
     return 0
 
 
+def token_segments(turns: list[dict], num_tokens: int) -> list[tuple[str, dict | None, int, int]]:
+    """(title, turn or None, start, end) covering the tokens: each turn, and the prompt or
+    the tokens between and after the turns."""
+    segments, pos = [], 0
+    for k, t in enumerate(turns):
+        if t["start"] > pos:
+            segments.append(("prompt" if pos == 0 else "(between turns)", None, pos, t["start"]))
+        segments.append((f"turn {k}: {t['role']}", t, t["start"], t["end"]))
+        pos = t["end"]
+    if pos < num_tokens:
+        segments.append(("prompt" if pos == 0 else "(after the turns)", None, pos, num_tokens))
+    return segments
+
+
 def cmd_manifest(b, args, out) -> int:
     ids, versions = b.manifest(args.table, args.step)
     out.write(f"step {args.step}: {len(ids)} items\n")
@@ -418,20 +430,8 @@ def cmd_manifest(b, args, out) -> int:
 
 
 def cmd_audit(b, args, out) -> int:
-    from expstore import audit
-
-    quoted = '"' + args.table.replace('"', '""') + '"'
-    where = f" WHERE {args.where}" if args.where else ""
-    total = sum(b.query(f"SELECT count(*) AS n FROM {quoted}{where}").read_all().column(0).to_pylist())  # a row per shard
-    if args.limit is not None:
-        total = min(total, args.limit)
-    # ORDER BY only with a limit: it makes the selection deterministic, but sorts it whole
-    sql = f"SELECT * FROM {quoted}{where}" + (f" ORDER BY item_id LIMIT {int(args.limit)}" if args.limit is not None else "")
-    try:
-        report = audit.audit(b.query(sql, args.limit or 0, timeout=AUDIT_STREAM_S), args.reward, tolerance=args.tolerance, workers=args.workers,
-                             timeout=args.item_timeout, total=total, progress=args.progress)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    report = run_audit(b, args.table, args.reward, where=args.where, limit=args.limit, tolerance=args.tolerance,
+                       workers=args.workers, item_timeout=args.item_timeout, progress=args.progress)
     out.write(report.format() + "\n")
     if args.out:
         if args.out.endswith(".parquet"):
@@ -442,8 +442,34 @@ def cmd_audit(b, args, out) -> int:
     return 1 if report.failures > args.max_mismatch else 0
 
 
+def run_audit(b, table: str, reward: str, *, where: str | None = None, limit: int | None = None,
+              tolerance: float = 1e-6, workers: int | None = None, item_timeout: float = 30.0,
+              progress: bool | None = None):
+    """Audit the rows of ``table`` (``where``: a SQL condition; ``limit``: the lowest item
+    ids) on backend ``b`` with ``expstore.audit``: what ``expstore audit`` and the console run."""
+    from expstore import audit
+
+    quoted = quote(table)
+    where = f" WHERE {where}" if where else ""
+    total = sum(b.query(f"SELECT count(*) AS n FROM {quoted}{where}").read_all().column(0).to_pylist())  # a row per shard
+    if limit is not None:
+        total = min(total, limit)
+    # ORDER BY only with a limit: it makes the selection deterministic, but sorts it whole
+    sql = f"SELECT * FROM {quoted}{where}" + (f" ORDER BY item_id LIMIT {int(limit)}" if limit is not None else "")
+    try:
+        return audit.audit(b.query(sql, limit or 0, timeout=AUDIT_STREAM_S), reward, tolerance=tolerance,
+                           workers=workers, timeout=item_timeout, total=total, progress=progress)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def quote(name: str) -> str:
+    """A table name as a SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def cmd_replay(b, args, out) -> int:
-    row = _item(b, args.table, args.item_id)
+    row = item(b, args.table, args.item_id)
     module = _import(args.tools, "--tools")
     registry = getattr(module, "TOOLS", None)
     calls = [(k, t) for k, t in enumerate(row.get("turns") or []) if t.get("tool_name")]
@@ -499,18 +525,29 @@ def _load(spec: str, flag: str):
     return fn
 
 
+def _console(args) -> int:
+    if args.data_dir or args.remote:
+        raise CliError("console needs a running server (--server), not --data-dir or --remote")
+    try:
+        from .console.serve import run
+    except ImportError as e:
+        raise CliError(f"console needs the console extra (pip install 'expstore[console]'): {e}") from None
+    return run(args)
+
+
 COMMANDS = {"tables": cmd_tables, "describe": cmd_describe, "stats": cmd_stats, "query": cmd_query,
             "show": cmd_show, "manifest": cmd_manifest, "audit": cmd_audit, "replay": cmd_replay,
             "checkpoint": cmd_checkpoint}
 
 
-def _message(e: BaseException, args) -> str:
+def error_message(e: BaseException, server: str) -> str:
+    """One line for an error, as the CLI prints it (and the console shows it)."""
     import grpc
 
     if isinstance(e, grpc.RpcError):
         code = e.code()
         if code == grpc.StatusCode.UNAVAILABLE and "connect" in (e.details() or "").lower():
-            return f"cannot reach the server at {args.server}: {e.details()}"
+            return f"cannot reach the server at {server}: {e.details()}"
         return f"{code.name}: {e.details()}"
     text = " ".join(str(e).split()) or type(e).__name__
     return text
@@ -521,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "console":  # a session per browser token, not one backend
+            return _console(args)
         backend = _backend(args)
         try:
             return COMMANDS[args.command](backend, args, sys.stdout)
@@ -533,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:  # never a traceback: one line
-        sys.stderr.write(f"expstore: {_message(e, args) if args is not None else e}\n")
+        sys.stderr.write(f"expstore: {error_message(e, args.server) if args is not None else e}\n")
         return 2
 
 

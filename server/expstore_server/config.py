@@ -84,6 +84,7 @@ class ServerConfig:
     query_memory_bytes: int = 1 << 30  # DuckDB memory limit of each query
     query_temp_bytes: int = 1 << 30  # disk each query may spill to (in <data_dir>/query-tmp)
     query_threads: int = 1  # DuckDB threads of each query
+    http_port: int = 0  # the web console (a child process) on this port of host; 0: off
     tokens: tuple[TokenConfig, ...] = ()
     tables: tuple[TableSpec, ...] = field(default_factory=tuple)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
@@ -103,6 +104,8 @@ class ServerConfig:
             raise InvalidArgument(f"port must be in 0..65535, got {self.port}")
         if not 0 <= self.metrics_port <= 65535:
             raise InvalidArgument(f"metrics_port must be in 0..65535 (0: off), got {self.metrics_port}")
+        if not 0 <= self.http_port <= 65535:
+            raise InvalidArgument(f"http_port must be in 0..65535 (0: off), got {self.http_port}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert and tls_key go together")
         if self.log_level not in LOG_LEVELS:

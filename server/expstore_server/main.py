@@ -3,7 +3,8 @@
 Starts a grpc.aio server with the ExperienceStore service and the standard health
 service, on embedded defaults (127.0.0.1:50051, data dir ./expstore-data) unless told
 otherwise. ``--port 0`` picks a free port; the first line on stdout is always
-``expstore-server listening on HOST:PORT``. SIGTERM/SIGINT drain: stop accepting calls,
+``expstore-server listening on HOST:PORT``. With ``--http-port`` the web console runs as a
+child process (``console.child``) and the second line is ``expstore console on URL``. SIGTERM/SIGINT drain: stop accepting calls,
 let running ones finish (blocked ones end with UNAVAILABLE), exit 0. Logs are JSON lines
 on stderr.
 """
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="engine threads (default 2)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
                                                     "of --host (default 0: off)")
+    p.add_argument("--http-port", type=int, help="serve the web console on this port of --host, in a child "
+                                                 "process (default 0: off; docs/console.md)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tls-cert", help="PEM certificate chain; enables TLS with --tls-key")
     p.add_argument("--tls-key", help="PEM private key")
@@ -100,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace) -> config_mod.ServerConfig:
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir,
                  "workers": args.workers, "log_level": args.log_level, "metrics_port": args.metrics_port,
+                 "http_port": args.http_port,
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key}
     cfg = config_mod.load(args.config, overrides)
     if args.remote_uri:
@@ -160,10 +164,24 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
             raise ExpstoreError(f"cannot bind metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
         log.info("metrics", extra={"host": cfg.host, "port": cfg.metrics_port, "tls": bool(cfg.tls_cert)})
     await server.start()
+    console = None
+    if cfg.http_port:
+        from .console import child  # the console itself is imported only by the child
+
+        console = child.ConsoleProcess(child.command(cfg.host, port, cfg.http_port, cfg.tls_cert, cfg.tls_key))
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, console.wait_ready)
+        except child.ConsoleError as e:
+            await server.stop(None)
+            store.close()
+            raise ExpstoreError(f"cannot start the console on {cfg.host}:{cfg.http_port}: {e}") from None
     for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     remote_health = asyncio.create_task(_report_remote_health(store, health_servicer))
     print(f"expstore-server listening on {cfg.host}:{port}", flush=True)
+    if console is not None:
+        print(f"expstore console on {console.url}", flush=True)
+        log.info("console", extra={"url": console.url, "pid": console.proc.pid})
     log.info("listening", extra={"host": cfg.host, "port": port, "tls": bool(cfg.tls_cert),
                                  "auth": bool(cfg.tokens), "tables": [t.name for t in cfg.tables],
                                  "data_dir": cfg.data_dir, "pid": os.getpid()})
@@ -179,6 +197,8 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
     for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     remote_health.cancel()
+    if console is not None:  # first: no more queries from it while calls drain
+        await asyncio.get_running_loop().run_in_executor(None, console.stop)
     stopping = asyncio.create_task(server.stop(cfg.grace_s))
     await servicer.drain()
     await stopping

@@ -4,7 +4,8 @@ Each refresh fetches the tables' stats (the Stats RPC, or an offline store) and 
 one block per table: items and bytes per tier, insert / sample / stream rates computed
 against the previous refresh, rate-limiter waits, staleness of returned items, and lag
 and unacked deliveries per consumer group. On a terminal each block replaces the last;
-otherwise (a pipe, a file, a test) blocks follow each other.
+otherwise (a pipe, a file, a test) blocks follow each other. :func:`figures` gives the
+same figures as data, for the web console.
 """
 
 from __future__ import annotations
@@ -53,19 +54,44 @@ def render(stats: Stats, previous: tuple[Stats, float] | None, now: float, inter
     return "\n".join(lines) + "\n"
 
 
+def figures(s: dict[str, float], before: tuple[dict[str, float], float] | None) -> dict:
+    """The figures of one table's stats, as data: what ``stats --watch`` prints and the
+    console shows. ``before``: (the stats of an earlier refresh, seconds since), for the
+    rates (None: rates unknown)."""
+    rates = {label: None if before is None else (s[key] - before[0].get(key, 0)) / before[1] for label, key in RATES}
+    return {
+        "items": s["items"], "eligible": s["sampler_eligible"], "policy_version": s["policy_version"],
+        "tiers": {t: {"items": s.get(f"items_{t}"), "bytes": s.get(f"{t}_bytes")} for t in TIERS},
+        "rates": rates,
+        "waits": {op: {"calls": s[f"{op}_waits"], "seconds": s[f"{op}_wait_seconds"]}
+                  for op in ("insert", "sample", "stream")},
+        "staleness": {op: staleness(s, op, total) for op, total in (("sample", "samples"),
+                                                                    ("stream", "stream_deliveries"))},
+        "groups": _groups(s),
+    }
+
+
+def staleness(s: dict[str, float], op: str, total_key: str) -> dict:
+    """Items returned by ``op``, their mean versions behind, and (bound, items within it)
+    for each staleness bucket."""
+    total = s[total_key]
+    bounds = sorted(int(k.rsplit("_", 1)[1]) for k in s if k.startswith(f"staleness.{op}.le_"))
+    return {"total": total, "mean": s[f"staleness.{op}.sum"] / total if total else None,
+            "buckets": [(b, s[f"staleness.{op}.le_{b}"]) for b in bounds]}
+
+
 def _table_block(table: str, s: dict[str, float], before: tuple[dict[str, float], float] | None) -> list[str]:
-    rates = ["-" if before is None else f"{(s[key] - before[0].get(key, 0)) / before[1]:.1f}" for _, key in RATES]
-    lines = [f"{table}  items {_n(s['items'])}  eligible {_n(s['sampler_eligible'])}  "
-             f"policy version {_n(s['policy_version'])}",
+    f = figures(s, before)
+    lines = [f"{table}  items {_n(f['items'])}  eligible {_n(f['eligible'])}  "
+             f"policy version {_n(f['policy_version'])}",
              _line("", "".join(t.rjust(12) for t in TIERS)),
-             _line("items", "".join(_cell(s, f"items_{t}", _n) for t in TIERS)),
-             _line("bytes", "".join(_cell(s, f"{t}_bytes", _bytes) for t in TIERS)),
-             _line("rate /s", "   ".join(f"{label} {rate}" for (label, _), rate in zip(RATES, rates))),
-             _line("waits", "   ".join(f"{op} {_n(s[f'{op}_waits'])} ({s[f'{op}_wait_seconds']:.2f} s)"
-                                       for op in ("insert", "sample", "stream"))),
-             _line("staleness", "   ".join(f"{op} {_staleness(s, op, total)}"
-                                           for op, total in (("sample", "samples"), ("stream", "stream_deliveries"))))]
-    for group, fields in sorted(_groups(s).items()):
+             _line("items", "".join(_cell(f["tiers"][t]["items"], _n) for t in TIERS)),
+             _line("bytes", "".join(_cell(f["tiers"][t]["bytes"], _bytes) for t in TIERS)),
+             _line("rate /s", "   ".join(f"{label} {'-' if r is None else f'{r:.1f}'}"
+                                        for label, r in f["rates"].items())),
+             _line("waits", "   ".join(f"{op} {_n(w['calls'])} ({w['seconds']:.2f} s)" for op, w in f["waits"].items())),
+             _line("staleness", "   ".join(f"{op} {_staleness(st)}" for op, st in f["staleness"].items()))]
+    for group, fields in sorted(f["groups"].items()):
         lines.append(_line(f"group {group}", "   ".join(
             f"{label} {_n(fields[key])}" for label, key in GROUP_FIELDS if key in fields)))
     return lines
@@ -75,15 +101,13 @@ def _line(label: str, text: str) -> str:
     return f"  {label:<10} {text}"
 
 
-def _staleness(s: dict[str, float], op: str, total_key: str) -> str:
+def _staleness(st: dict) -> str:
     """Mean versions behind, and the share of items within each bucket up to all of them."""
-    total = s[total_key]
+    total = st["total"]
     if not total:
         return "-"
-    bounds = sorted(int(k.rsplit("_", 1)[1]) for k in s if k.startswith(f"staleness.{op}.le_"))
-    parts = [f"mean {s[f'staleness.{op}.sum'] / total:.2f}"]
-    for bound in bounds:
-        within = s[f"staleness.{op}.le_{bound}"]
+    parts = [f"mean {st['mean']:.2f}"]
+    for bound, within in st["buckets"]:
         parts.append(f"<={bound} {100 * within / total:.0f}%")
         if within == total:
             break
@@ -100,8 +124,8 @@ def _groups(s: dict[str, float]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _cell(s: dict[str, float], key: str, fmt: Callable[[float], str]) -> str:
-    return (fmt(s[key]) if key in s else "-").rjust(12)
+def _cell(value: float | None, fmt: Callable[[float], str]) -> str:
+    return (fmt(value) if value is not None else "-").rjust(12)
 
 
 def _n(v: float) -> str:
