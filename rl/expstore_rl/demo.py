@@ -5,7 +5,9 @@ trainer, on a verifiable toy task with a tiny model built in code (no downloads)
     python -m expstore_rl.demo --algo ppo
     python -m expstore_rl.demo --env calculator     # multi-turn: the model must call a tool
 
-1. start ``expstore-server`` (a subprocess, a free port on 127.0.0.1, a temporary data dir);
+1. start ``expstore-server`` (a subprocess, a free port on 127.0.0.1, a temporary data dir)
+   with its web console (``--console-port``, 8080 or a free port if that one is taken):
+   the printed URL shows the run live, its trajectories and the reward-hacking views;
 2. build the policy and give it a short supervised warm-up on the environment's own
    solutions (tool calls included), so that RL starts from a small but non-zero reward
    (from a random init an exact-match reward is ~never seen); publish it as version 0;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,15 +67,29 @@ def warmup_examples(env_name: str, n: int, seed: int) -> Rollouts:
     return Rollouts(tokens, attention, mask, torch.zeros_like(mask), zeros, torch.arange(n), zeros.long())
 
 
-def start_server(data_dir: Path) -> tuple[subprocess.Popen, str]:
-    """expstore-server on a free loopback port; returns once it prints its address."""
-    proc = subprocess.Popen([sys.executable, "-m", "expstore_server.main", "--port", "0", "--data-dir", str(data_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def start_server(data_dir: Path, console_port: int = 0) -> tuple[subprocess.Popen, str, str | None]:
+    """expstore-server on a free loopback port, with the web console on ``console_port``
+    (0: none); returns once it prints its address (and the console's URL)."""
+    cmd = [sys.executable, "-m", "expstore_server.main", "--port", "0", "--data-dir", str(data_dir)]
+    if console_port:
+        cmd += ["--http-port", str(console_port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if not line.startswith("expstore-server listening on "):
         proc.kill()
         raise RuntimeError(f"expstore-server did not start: {line!r}")
-    return proc, line.rsplit(" ", 1)[1].strip()
+    url = proc.stdout.readline().rsplit(" ", 1)[1].strip() if console_port else None
+    return proc, line.rsplit(" ", 1)[1].strip(), url
+
+
+def free_port(preferred: int) -> int:
+    """``preferred`` if nothing listens on it on 127.0.0.1, else a free port."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -90,6 +107,8 @@ def run(argv: list[str] | None = None) -> dict:
     p.add_argument("--kl-coef", type=float, default=1e-3, help="KL-to-reference loss weight (0: no reference)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/demo")
+    p.add_argument("--console-port", type=int, default=8080,
+                   help="the web console's port (a free one if taken; 0: no console)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
@@ -116,7 +135,8 @@ def run(argv: list[str] | None = None) -> dict:
         print(f"warm-up: {steps} supervised steps, loss {loss:.3f}; published v0", flush=True)
 
         # 1, 3, 4. server, table, producers; train here
-        server, address = start_server(Path(tmp) / "data")
+        server, address, console = start_server(Path(tmp) / "data",
+                                                free_port(a.console_port) if a.console_port else 0)
         try:
             cfg.target = address
             s = ENV_SETTINGS[a.env]
@@ -125,6 +145,9 @@ def run(argv: list[str] | None = None) -> dict:
                  "--max-tokens", str(s["max_tokens"]), "--max-turns", str(s["max_turns"]), "--logs", str(out)])
             launch.prepare(flags, cfg)
             print(f"server {address}, {a.producers} producers, training {a.algo} on {a.env}", flush=True)
+            if console:
+                print(f"console: {console}  (live: tables, trajectories, /manifest?table=rollouts&step=N, "
+                      f"/hacking?table=rollouts)", flush=True)
             launch.run_local(flags, cfg)
         finally:
             launch.stop_processes([server])

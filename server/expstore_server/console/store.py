@@ -9,7 +9,8 @@ What a session caches, to keep browsers polling from multiplying the store's wor
 stats for ``STATS_TTL_S`` (several tabs polling share one Stats RPC), the last
 ``HISTORY`` stats snapshots (the live rates and their plot), the results of the last
 ``RESULTS`` SQL statements for the paged grid (at most ``GRID_ROWS`` rows and
-``GRID_BYTES`` bytes each), and the reward-hacking views for ``VIEWS_TTL_S``.
+``GRID_BYTES`` bytes each), and the reward-hacking views for ``VIEWS_TTL_S`` (computed
+once for all the tabs that ask at the same time).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ MIN_RATE_SPAN_S = 0.5  # rates are computed against a snapshot at least this old
 RESULTS = 4
 GRID_ROWS = 10_000
 GRID_BYTES = 64 << 20
-VIEWS_TTL_S = 10.0
+VIEWS_TTL_S = 20.0
+VIEWS = 64  # cached views kept per session
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Session:
         self._stats: deque[tuple[float, dict]] = deque(maxlen=HISTORY)
         self._results: OrderedDict[str, QueryResult] = OrderedDict()
         self._views: dict[Any, tuple[float, Any]] = {}
+        self._flights: dict[Any, threading.Lock] = {}
 
     @property
     def client(self):
@@ -132,17 +135,23 @@ class Session:
     # -- cached views ---------------------------------------------------------------------
 
     def cached(self, key: Any, compute: Callable[[], Any], ttl: float = VIEWS_TTL_S) -> Any:
-        """``compute()``, or its result from less than ``ttl`` seconds ago."""
+        """``compute()``, or its result from less than ``ttl`` seconds ago. Concurrent
+        callers of one key wait for the one computing it (one query for many tabs)."""
         with self._lock:
-            hit = self._views.get(key)
-        if hit is not None and time.monotonic() - hit[0] < ttl:
-            return hit[1]
-        value = compute()
-        with self._lock:
-            self._views[key] = (time.monotonic(), value)
-            if len(self._views) > 64:
-                self._views.pop(next(iter(self._views)))
-        return value
+            flight = self._flights.setdefault(key, threading.Lock())
+        with flight:
+            with self._lock:
+                hit = self._views.get(key)
+            if hit is not None and time.monotonic() - hit[0] < ttl:
+                return hit[1]
+            value = compute()
+            with self._lock:
+                self._views[key] = (time.monotonic(), value)
+                while len(self._views) > VIEWS:
+                    old = next(iter(self._views))
+                    del self._views[old]
+                    self._flights.pop(old, None)
+            return value
 
     def close(self) -> None:
         self.backend.close()

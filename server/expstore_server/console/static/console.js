@@ -211,10 +211,17 @@ function plot(node, traces, layout) {
     for (const k of ["x", "y"]) if (Array.isArray(c[k])) c[k] = c[k].map(plotText);
     return c;
   });
-  const base = {margin: {l: 50, r: 20, t: 30, b: 40}, height: 260, font: {size: 12},
-                paper_bgcolor: "#fff", plot_bgcolor: "#fafafa", legend: {orientation: "h", y: -0.25}};
+  const base = {margin: {l: 55, r: 55, t: 34, b: 45}, height: 260, font: {size: 12},
+                paper_bgcolor: "#fff", plot_bgcolor: "#fafafa",
+                legend: {orientation: "h", x: 0, y: 1.02, xanchor: "left", yanchor: "bottom"}};
   Plotly.react(node, safe, Object.assign(base, layout || {}), {displaylogo: false, responsive: true,
                                                                 modeBarButtonsToRemove: ["lasso2d", "select2d"]});
+}
+
+// An x axis of policy versions: integer ticks, at most about ten of them.
+function versionAxis(versions) {
+  const span = versions.length ? Math.max(...versions) - Math.min(...versions) : 0;
+  return {title: {text: "policy version"}, tickformat: "d", dtick: Math.max(1, Math.ceil(span / 10))};
 }
 
 function plotBox(title, note) {

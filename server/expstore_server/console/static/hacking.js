@@ -1,6 +1,7 @@
 // Reward hacking, per policy version: reward vs generated length (drift), zero-variance
 // GRPO groups (collapse), reward-component dominance, finish_reason mix, tool errors.
-// Each figure is one SQL statement over the store (console/hacking.py); live every 15 s.
+// One SQL statement over the store per refresh, the figures SQL in the console
+// (console/hacking.py); live every 30 s.
 "use strict";
 
 function byVersion(rows, key, value) {
@@ -23,9 +24,8 @@ function shares(rows, key, value) {
     y: versions.map((v) => totals.get(v) ? Math.abs(m.get(v) || 0) / totals.get(v) : 0)}));
 }
 
-const VERSION_AXIS = {title: {text: "policy version"}, tickformat: "d"};
-
 function draw(boxes, d) {
+  const VERSION_AXIS = versionAxis([].concat(d.drift.version, d.finish.version));
   const empty = (box, note) => clear(box, el("p", {class: "muted"}, note));
   const dr = d.drift;
   if (dr.version.length) {
@@ -92,10 +92,12 @@ document.addEventListener("DOMContentLoaded", async () => {
   const figures = spec.map(([key, title, note]) => { const p = plotBox(title, note); p.box.id = "plot-" + key; boxes[key] = p.box; return p.node; });
   const info = el("p", {class: "muted", id: "hacking-info"});
   clear(main, el("h1", {}, "Reward hacking"), form, info, el("div", {class: "cards"}, figures));
-  every(15000, async () => {
+  every(30000, async () => {
     const d = await api("/api/hacking?" + new URLSearchParams({table: table, versions: versions.value}));
-    clear(info, "table " + d.table + " · policy versions " + d.first_version + " to " + d.policy_version +
-          " · refreshed every 15 s · " + new Date().toLocaleTimeString());
+    const seen = d.finish.version;
+    clear(info, "table " + d.table + " · items of policy versions " + (seen.length ? Math.min(...seen) + " to " + Math.max(...seen) : "-") +
+          " (the table is at version " + d.policy_version + ") · " + num(d.rows) + " items" +
+          (d.truncated ? " (the first read; narrow the versions for all)" : "") + " · refreshed every 30 s · " + new Date().toLocaleTimeString());
     draw(boxes, d);
   });
 });

@@ -65,8 +65,15 @@ function segmentNode(item, seg, mode, range) {
   const masked = t.loss_mask ? t.loss_mask.slice(seg.start, seg.end).reduce((a, b) => a + b, 0) : 0;
   return el("div", {class: "segment " + kind},
     el("h3", {}, seg.title, el("span", {class: "muted"}, "  tokens [" + seg.start + ", " + seg.end + ") · " + masked + " trained (loss_mask 1)")),
-    tool, seg.text !== null && seg.text !== undefined ? el("pre", {class: "segment-text"}, seg.text) : null,
+    tool, seg.text !== null && seg.text !== undefined && seg.text !== piecesText(t, seg) ? el("pre", {class: "segment-text"}, seg.text) : null,
     el("div", {class: "tokens"}, spans));
+}
+
+// The segment's pieces end to end (the decoded text is shown apart only when it differs,
+// e.g. a byte-level tokenizer whose pieces split characters).
+function piecesText(t, seg) {
+  if (!t.pieces) return null;
+  return t.pieces.slice(seg.start, seg.end).map((p) => p === null ? "\ufffd" : p).join("");
 }
 
 function ranges(t) {
@@ -101,12 +108,13 @@ function tokenPlot(item) {
   const traces = [{type: "scatter", mode: "lines", name: "logprob", x: x, y: t.logprobs, line: {width: 1}},
                   {type: "scatter", mode: "lines", name: "loss mask", x: x, y: t.loss_mask, yaxis: "y2", fill: "tozeroy",
                    line: {width: 0, shape: "hv"}, fillcolor: "rgba(47,111,176,0.15)"}];
-  if (t.token_policy_version) traces.push({type: "scatter", mode: "lines", name: "token policy version", x: x,
+  if (t.token_policy_version && new Set(t.token_policy_version).size > 1) traces.push({type: "scatter", mode: "lines", name: "token policy version", x: x,
                                            y: t.token_policy_version, yaxis: "y3", line: {shape: "hv", dash: "dot"}});
   const box = el("div", {class: "plot"});
-  setTimeout(() => plot(box, traces, {height: 240, xaxis: {title: {text: "token"}}, yaxis: {title: {text: "logprob"}},
-    yaxis2: {overlaying: "y", side: "right", range: [0, 1.05], showticklabels: false, showgrid: false},
-    yaxis3: {overlaying: "y", side: "right", showgrid: false, title: {text: "version"}}}), 0);
+  const layout = {height: 240, xaxis: {title: {text: "token"}}, yaxis: {title: {text: "logprob"}},
+    yaxis2: {overlaying: "y", side: "right", range: [0, 1.05], showticklabels: false, showgrid: false}};
+  if (traces.length > 2) layout.yaxis3 = {overlaying: "y", side: "right", showgrid: false, tickformat: "d", title: {text: "version"}};
+  setTimeout(() => plot(box, traces, layout), 0);
   return el("div", {class: "card"}, el("h3", {}, "Per token"), box);
 }
 
@@ -124,6 +132,12 @@ function renderTurns(box, item, mode) {
   clear(box, el("h2", {}, "Turn by turn"), note, legend, item.segments.map((s) => segmentNode(item, s, mode, range)));
 }
 
+function tokenVersions(t) {
+  if (!t.token_policy_version) return undefined;
+  const v = t.token_policy_version.filter((x) => typeof x === "number");
+  return v.length ? (Math.min(...v) === Math.max(...v) ? String(v[0]) + " (every token)" : Math.min(...v) + " to " + Math.max(...v)) : undefined;
+}
+
 function render(main, item) {
   const f = item.facts;
   const table = item.table;
@@ -136,7 +150,8 @@ function render(main, item) {
   const facts = keyValues([
     ["traj_id", f.traj_id], ["task", f.task], ["prompt_id", f.prompt_id],
     ["group_id", f.group_id === null ? null : link("/group", {table: table, group_id: f.group_id, item: item.item_id}, f.group_id)],
-    ["policy_version", f.policy_version], ["finish_reason", f.finish_reason], ["tier", f.tier],
+    ["policy_version", f.policy_version], ["token policy versions", tokenVersions(item.tokens)],
+    ["finish_reason", f.finish_reason], ["tier", f.tier],
     ["priority", sig(f.priority)], ["times_sampled", f.times_sampled],
     ["tokens", f.num_tokens], ["generated (loss_mask 1)", f.num_generated], ["turns", f.num_turns], ["tool calls", f.num_tool_calls]]);
   const extra = Object.keys(item.extra || {}).length ?
