@@ -122,7 +122,8 @@ def run(argv: list[str] | None = None) -> dict:
         common = dict(weights_uri=weights_uri, out=str(out), steps=a.steps, seed=a.seed, lr=a.lr,
                       num_minibatches=a.num_minibatches, entropy_coef=a.entropy_coef,
                       kl_coef=a.kl_coef,
-                      checkpoint_every=0, resume=False, table="rollouts")
+                      checkpoint_every=0, resume=False, table="rollouts",
+                      archive=bool(a.console_port))  # the console shows every step's items
         batch = a.groups_per_step * a.group_size
         cfg = (grpo.GRPOConfig(**common, group_size=a.group_size, groups_per_step=a.groups_per_step)
                if a.algo == "grpo" else ppo.PPOConfig(**common, batch_size=batch))

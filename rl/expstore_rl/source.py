@@ -265,5 +265,6 @@ def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | No
         limiter = {"type": "sample_to_insert_ratio", "samples_per_insert": spi,
                    "min_size_to_sample": max(1, batch_size // 2),
                    "error_buffer": (batch_size + insert_size * max(1.0, spi)) / 2 + 1}
+    kept = {"tiers": "remote", "archive": True} if cfg.archive else {}
     client.create_table(cfg.table, sampler=sampler, max_times_sampled=1, max_staleness=cfg.max_staleness,
-                        rate_limiter=limiter, if_not_exists=True, metadata={"tokenizer": TOKENIZER})
+                        rate_limiter=limiter, if_not_exists=True, metadata={"tokenizer": TOKENIZER}, **kept)

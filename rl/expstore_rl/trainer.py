@@ -105,6 +105,9 @@ class TrainConfig:
     """train on rows with finish_reason "aborted" (partial rollouts) too"""
     store_retry_s: float = 300.0
     """seconds a store call that fails with UNAVAILABLE (a restarting server) is retried"""
+    archive: bool = False
+    """the table keeps the rows it drops (sampled, stale) in its archive on the store's
+    remote tier, where queries and the console still find them (what step N trained on)"""
     sample_order: str = "lifo"
     """which rows (GRPO: whole groups) a sampled batch takes: "lifo", the newest (least
     stale; when producers outpace the trainer, older rows age out through max_staleness),

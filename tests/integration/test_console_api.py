@@ -328,3 +328,22 @@ def test_auth_is_the_stores(server_factory):
     assert r.status_code == 403
     http.post("/api/logout", headers=H)
     assert http.get("/api/tables").status_code == 401
+
+
+def test_a_manifest_of_an_archiving_table_still_finds_its_items(server_factory):
+    # the RL demo's table: rows leave once sampled (max_times_sampled 1) into the archive
+    from ._util import wait_until
+
+    s = server_factory()
+    with Client(s.address) as c:
+        c.create_table("rl", tiers="remote", archive=True, max_times_sampled=1, metadata={"tokenizer": TOKENIZER})
+        rows = agent_rows()[:8]
+        c.insert("rl", rows)
+        c.sample("rl", 8, step=1)
+        http = console_for(s.address)
+        assert wait_until(lambda: http.get("/api/manifest", params={"table": "rl", "step": 1}).json()["gone"] == 0,
+                          timeout=30)
+        m = http.get("/api/manifest", params={"table": "rl", "step": 1}).json()
+        assert sorted(r["traj_id"] for r in m["items"]) == sorted(r["traj_id"] for r in rows)
+        item = http.get("/api/item", params={"table": "rl", "id": m["items"][0]["item_id"]}).json()
+        assert item["facts"]["tier"] == "archive" and item["tokens"]["pieces"]

@@ -3,6 +3,7 @@ that every metric a run writes is documented."""
 
 import json
 import re
+import time
 from pathlib import Path
 
 import grpc
@@ -183,3 +184,25 @@ def test_a_stream_read_lost_with_its_server_is_read_again_from_the_last_cut(serv
         for step in (1, 2):  # step 1 resumes at cut 0 and gets the lost rows again
             source.next(step).commit()
         assert [client.manifest("ppo", s)[0].tolist() for s in (1, 2)] == [list(range(1, 7)), list(range(7, 13))]
+
+
+def test_the_table_names_its_tokenizer_and_archives_what_it_drops(server_factory):
+    server = server_factory()
+    cfg = trainer.TrainConfig(target=server.address, table="grpo", sample_timeout=10, samples_per_insert=0,
+                              archive=True)
+    with Client(server.address) as client:
+        trainer.create_table(client, cfg, batch_size=8, group_size=4)
+        info = client.describe("grpo")
+        assert info.config["metadata"] == {"tokenizer": "expstore_rl.tokenizer:CharTokenizer"}
+        assert (info.config["tiers"], info.config["archive"]) == ("remote", True)
+        client.insert("grpo", trajectories(16, groups=4))
+        source = trainer.StoreSource(cfg, Dist(), 8, group_size=4)
+        source.start(0, resumed=False)
+        source.next(5)
+        source.next(6)  # every row sampled once: all leave the table
+        ids = [int(i) for step in (5, 6) for i in client.manifest("grpo", step)[0]]
+        archived = f"SELECT count(*) AS n FROM grpo WHERE tier = 'archive' AND item_id IN ({', '.join(map(str, ids))})"
+        deadline = time.monotonic() + 30  # the mover archives a chunk once all its rows are gone
+        while client.query_table(archived).column("n")[0].as_py() < 16 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.query_table(archived).column("n")[0].as_py() == 16

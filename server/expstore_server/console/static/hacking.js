@@ -90,7 +90,7 @@ document.addEventListener("DOMContentLoaded", async () => {
                 ["tools", "Tool-call error rate", "tool calls whose status is not ok"]];
   const boxes = {};
   const figures = spec.map(([key, title, note]) => { const p = plotBox(title, note); p.box.id = "plot-" + key; boxes[key] = p.box; return p.node; });
-  const info = el("p", {class: "muted", id: "hacking-info"});
+  const info = el("p", {class: "muted", id: "hacking-info"}, "reading the table… (one scan of its last policy versions)");
   clear(main, el("h1", {}, "Reward hacking"), form, info, el("div", {class: "cards"}, figures));
   every(30000, async () => {
     const d = await api("/api/hacking?" + new URLSearchParams({table: table, versions: versions.value}));
