@@ -4,9 +4,11 @@ Concurrency model: one ``threading.Condition`` per table guards all of its state
 public method takes it for a short, non-blocking critical section of numpy work; payload
 rows are gathered from the (immutable) chunk batches *after* releasing it, and validation
 of inserted data happens *before* taking it. Blocking calls wait on the condition with a
-deadline (the table owns waiting; the rate limiter is arithmetic). Callers that cannot
-block a thread (the asyncio server) call with ``timeout=0`` and wait for ``subscribe``
-notifications instead; a ``DeadlineExceeded`` then means "would block".
+deadline (the table owns waiting; the rate limiter is arithmetic), and blocked inserts
+and samples are admitted first come, first served, each kind in its own line
+(``turns.py``, as Reverb does). Callers that cannot block a thread (the asyncio server)
+call with ``timeout=0`` and wait for ``subscribe`` notifications instead, keeping one
+``Table.turn`` across their attempts; a ``DeadlineExceeded`` then means "would block".
 
 Bounds: ``max_size`` bounds items (the remover makes room). A volatile (memory-only)
 table's memory budget bounds bytes: an insert that cannot fit is refused whole with
@@ -28,6 +30,7 @@ import operator
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -55,6 +58,7 @@ from .streams import ConsumerGroup
 from .tiers.checksums import ARCHIVE, RemoteChecksums
 from .tiers.memory import MemoryTier
 from .tiers.rocks import Database, RocksTier
+from .turns import Line, Turn
 
 log = logging.getLogger("expstore.table")
 
@@ -159,6 +163,7 @@ class Table:
         self._sampler = make_sampler(spec.sampler, self._tasks)
         self._remover = make_remover(spec.remover)
         self._limiter = RateLimiter.from_spec(spec.rate_limiter)
+        self._lines = {"insert": Line(), "sample": Line()}  # blocked calls, first come first served
         self._consumers: dict[str, ConsumerGroup] = {}
         self._manifests: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._prefetch_pool: ThreadPoolExecutor | None = None
@@ -238,11 +243,15 @@ class Table:
             self.abandon_insert(prep)
             raise
 
-    def commit_insert(self, prep: PreparedInsert, timeout: float | None = None) -> InsertResult:
-        """Store prepared rows. On DeadlineExceeded the insert may be retried; after any
-        other error nothing was applied and the caller abandons it."""
+    def commit_insert(self, prep: PreparedInsert, timeout: float | None = None,
+                      turn: Turn | None = None) -> InsertResult:
+        """Store prepared rows. Blocked inserts are admitted first come, first served
+        (``turns.py``); a caller that retries with ``timeout=0`` (the server) passes the
+        same ``turn`` (``Table.turn("insert")``) to every attempt and leaves it when the
+        call ends. On DeadlineExceeded the insert may be retried; after any other error
+        nothing was applied and the caller abandons it."""
         deadline = self._deadline(timeout)
-        with self._cond:
+        with self._turn(turn, "insert") as turn, self._cond:
             while True:
                 self._check_open()
                 ids, new = self._dedup(prep.keys, prep.num_rows)
@@ -253,10 +262,16 @@ class Table:
                     prep.staged.clear()
                     return InsertResult(ids, 0, prep.num_rows, 0)
                 self._limiter.check_insert_batch(n_new)
-                if self._limiter.can_insert(n_new):
+                line = self._lines["insert"]
+                if not line.first(turn):
+                    why = f"{line.ahead_of(turn)} earlier inserts are waiting (first come, first served)"
+                elif self._limiter.can_insert(n_new):
                     break
-                self._wait(deadline, "insert", f"rate limiter: {n_new} inserts must wait for samples")
-            result = self._apply_insert(prep, prep.staged, ids, new, prep.durability)
+                else:
+                    why = f"rate limiter: {n_new} inserts must wait for samples"
+                self._wait(deadline, "insert", why)
+            with self._admitted(line, turn):
+                result = self._apply_insert(prep, prep.staged, ids, new, prep.durability)
             prep.staged.clear()
         if prep.durability == "fsync":
             self.storage.db.sync()  # one fsync covers every write before it: group commit
@@ -364,21 +379,26 @@ class Table:
 
     # -- sampling ---------------------------------------------------------------------
 
-    def sample(self, n: int, timeout: float | None = None, step: int | None = None) -> Rows:
+    def sample(self, n: int, timeout: float | None = None, step: int | None = None,
+               turn: Turn | None = None) -> Rows:
         """Sample n items with the table's sampler. Blocks (up to ``timeout``) until the
-        rate limiter and the sampler can serve n. With ``step``, the batch's manifest
-        (item ids, policy versions) is recorded under that training step."""
+        rate limiter and the sampler can serve n; blocked samples are served first come,
+        first served (``turn`` as in ``commit_insert``). With ``step``, the batch's
+        manifest (item ids, policy versions) is recorded under that training step."""
         if step is not None and step < 0:
             raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
         if n < 1:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
         self._check_sample_size(n)
         deadline = self._deadline(timeout)
-        with self._cond:
+        with self._turn(turn, "sample") as turn, self._cond:
+            line = self._lines["sample"]
             while True:
                 self._check_open()
                 self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
-                if self._limiter.can_sample(n):
+                if not line.first(turn):
+                    why = f"{line.ahead_of(turn)} earlier samples are waiting (first come, first served)"
+                elif self._limiter.can_sample(n):
                     if self._sampler.can_sample(n) and (not self.spec.max_times_sampled or self._allowance >= n):
                         break
                     why = f"the {self.spec.sampler.type} sampler cannot serve {n} items yet " \
@@ -386,28 +406,35 @@ class Table:
                 else:
                     why = f"rate limiter: {n} samples must wait for inserts ({len(self._index)} items)"
                 self._wait(deadline, "sample", why)
-            capped = self.spec.max_times_sampled > 0
-            if capped and self.spec.sampler.type in _UNORDERED:
-                slots, probabilities, weights, done = self._sample_capped(n)
-            else:
-                sel = self._sampler.sample(n, self._rng)
-                slots, probabilities, weights = sel.slots, sel.probabilities, sel.weights
-                np.add.at(self._index["times_sampled"], slots, 1)  # slots repeat for i.i.d. samplers
-                done = slots[self._index["times_sampled"][slots] >= self.spec.max_times_sampled] \
-                    if capped else slots[:0]
-                self._sampler.remove(done)
-            if self.spec.sampler.type in _UNORDERED:
-                order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
-                slots, probabilities, weights = slots[order], probabilities[order], weights[order]
-            self._log("sampled", ids=self._index["id"][slots], n=n)
-            self._sampled(n)
-            self._record_staleness("sample", slots)
-            if step is not None:
-                self._record_manifest(step, slots)
-            rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
-            self._remove(done, "max_times_sampled", in_sampler=False)
-            self._changed()
+            with self._admitted(line, turn):
+                rows = self._sample_now(n, step)
         return self._gather(rows)
+
+    def _sample_now(self, n: int, step: int | None) -> "_Snapshot":
+        """Draw an admitted sample of n (lock held): selection, times_sampled, removals
+        under max_times_sampled, the journal record and the rows' read plan."""
+        capped = self.spec.max_times_sampled > 0
+        if capped and self.spec.sampler.type in _UNORDERED:
+            slots, probabilities, weights, done = self._sample_capped(n)
+        else:
+            sel = self._sampler.sample(n, self._rng)
+            slots, probabilities, weights = sel.slots, sel.probabilities, sel.weights
+            np.add.at(self._index["times_sampled"], slots, 1)  # slots repeat for i.i.d. samplers
+            done = slots[self._index["times_sampled"][slots] >= self.spec.max_times_sampled] \
+                if capped else slots[:0]
+            self._sampler.remove(done)
+        if self.spec.sampler.type in _UNORDERED:
+            order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
+            slots, probabilities, weights = slots[order], probabilities[order], weights[order]
+        self._log("sampled", ids=self._index["id"][slots], n=n)
+        self._sampled(n)
+        self._record_staleness("sample", slots)
+        if step is not None:
+            self._record_manifest(step, slots)
+        rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
+        self._remove(done, "max_times_sampled", in_sampler=False)
+        self._changed()
+        return rows
 
     def _sampled(self, n: int) -> None:
         if self.spec.max_times_sampled:
@@ -875,6 +902,8 @@ class Table:
                 "consumer_groups": len(self._consumers),
                 "quarantined_items": len(self._quarantine),
                 "quarantined_chunks": self._quarantine.chunks,
+                "insert_queue": len(self._lines["insert"]),
+                "sample_queue": len(self._lines["sample"]),
             }
             for k in ("inserts", "inserted_bytes", "duplicates", "samples", "stream_deliveries",
                       "priority_updates", "compactions", "compacted_rows", "removed_max_size", "removed_max_times_sampled",
@@ -1205,6 +1234,45 @@ class Table:
     def _deadline(self, timeout: float | None) -> float | None:
         return None if timeout is None else self._clock() + max(0.0, timeout)
 
+    def turn(self, op: str) -> Turn:
+        """A place in line for one ``"insert"`` or ``"sample"`` call made of several
+        ``timeout=0`` attempts (the asyncio server): pass it to every attempt, and to
+        ``leave`` when the call ends, however it ends."""
+        if op not in self._lines:
+            raise InvalidArgument(f"table {self.name!r}: no line for {op!r} calls")
+        return Turn(op)
+
+    def leave(self, turn: Turn) -> None:
+        """End a call's turn (idempotent); the call behind it, if any, is woken."""
+        with self._cond:
+            if turn.line is not None and turn.line.leave(turn):
+                self._wake()
+            turn.done = True  # never joins later (an attempt still running for a cancelled call)
+
+    @contextmanager
+    def _turn(self, turn: Turn | None, op: str) -> Iterator[Turn]:
+        """The caller's turn, or one of this call's own, left when the call ends."""
+        if turn is not None:
+            yield turn
+            return
+        turn = Turn(op)
+        try:
+            yield turn
+        finally:
+            self.leave(turn)
+
+    @contextmanager
+    def _admitted(self, line: Line, turn: Turn) -> Iterator[None]:
+        """Leave the line as the call is admitted (lock held). The call's own change
+        notification wakes the next in line; if the call fails instead, wake it here."""
+        head_changed = line.leave(turn)
+        try:
+            yield
+        except BaseException:
+            if head_changed:
+                self._wake()
+            raise
+
     def _wait(self, deadline: float | None, op: str, why: str, retry_after: float | None = None) -> None:
         """Wait for a change (lock held) or raise DeadlineExceeded carrying ``why``."""
         now = self._clock()
@@ -1224,6 +1292,10 @@ class Table:
     def _changed(self) -> None:
         if self._journal is not None and self._journal.wants_snapshot():
             self._write_snapshot()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake every waiter, in-process threads and ``subscribe`` listeners alike."""
         self._cond.notify_all()
         for listener in self._listeners:
             listener()

@@ -3,6 +3,7 @@ environments in one event loop. One channel per client; safe to share across tas
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -33,6 +34,7 @@ class AsyncClient:
         self.timeout = timeout
         self.message_bytes = message_bytes
         self._schemas: dict[str, pa.Schema] = {}
+        self._inserts, self._samples = _InOrder(self._channel), _InOrder(self._channel)
 
     async def create_table(self, name: str, *, kind: str = "trajectory", schema: pa.Schema | None = None,
                            sampler: str | Mapping[str, Any] = "uniform",
@@ -68,18 +70,28 @@ class AsyncClient:
     async def insert(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
                      timeout: float | None = None, durability: str | None = None,
                      compress: bool = False) -> InsertResult:
-        schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
-        arrow = _codec.to_arrow(data, schema)
-        timeout = self.timeout if timeout is None else timeout
-        requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
-                                          self.message_bytes)
-        return _codec.insert_result(await self._call(self._stub.Insert, requests, timeout))
+        """Insert rows, all or none. Inserts of one client reach the server in the order
+        they were called, so the server admits them in that order when they must wait."""
+        turn = self._inserts.take()  # before any await: the order of the calls
+        async with turn:
+            schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
+            arrow = _codec.to_arrow(data, schema)
+            timeout = self.timeout if timeout is None else timeout
+            requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
+                                              self.message_bytes)
+            call = await turn.start(lambda: self._stub.Insert(requests, timeout=self._deadline(timeout),
+                                                              metadata=self._metadata))
+        return _codec.insert_result(await call)
 
     async def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
                      compress: bool = False, step: int | None = None) -> SampleBatch:
-        timeout = self.timeout if timeout is None else timeout
-        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step)
-        return _codec.rows([m async for m in self._stream(self._stub.Sample, req, timeout)], with_weights=True)
+        """One batch; samples of one client reach the server in the order they were called."""
+        turn = self._samples.take()
+        async with turn:
+            timeout = self.timeout if timeout is None else timeout
+            req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step)
+            call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout))
+        return _codec.rows([m async for m in call], with_weights=True)
 
     async def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
                      idle_timeout: float | None = None, visibility_timeout: float | None = None,
@@ -150,3 +162,43 @@ class AsyncClient:
 
     def _stream(self, method, request, timeout: float | None):
         return method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+
+
+class _InOrder:
+    """Starts a client's calls of one kind on the wire in the order they were made.
+
+    Calls made while the channel connects are started in any order once it is up, so a
+    call waits for the channel to be ready before it starts, and for the call made before
+    it to have started (each wait in turn: the order holds through a reconnect). The
+    server then sees them in order, and admits them in that order when they must wait.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+        self._last: asyncio.Future | None = None
+
+    def take(self) -> "_Start":
+        """A place in the order; call before the caller's first ``await``."""
+        previous, self._last = self._last, asyncio.get_running_loop().create_future()
+        return _Start(self._channel, previous, self._last)
+
+
+class _Start:
+    def __init__(self, channel: grpc.aio.Channel, previous: asyncio.Future | None,
+                 started: asyncio.Future) -> None:
+        self._channel, self._previous, self._started = channel, previous, started
+
+    async def start(self, make_call):
+        """Start the call once the channel is up and the previous call has started."""
+        if self._previous is not None and not self._previous.done():
+            await asyncio.wait((self._previous,))  # not cancelled if this call is
+        if self._channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
+            await self._channel.channel_ready()
+        return make_call()
+
+    async def __aenter__(self) -> "_Start":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if not self._started.done():  # started, failed before starting, or cancelled
+            self._started.set_result(None)

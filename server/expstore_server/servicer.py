@@ -31,8 +31,10 @@ from expstore.proto.service import ROWS_PAYLOAD, Malformed
 from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.store import Store
 from expstore.table import Table
+from expstore.turns import Turn
 
 from . import convert
+from .arrivals import Arrival, Arrivals
 from .audit import AuditLog
 from .auth import ANY_ROLE, Authenticator
 from .clip import MESSAGE_CHARS, clip
@@ -195,6 +197,7 @@ class Servicer:
         self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix="engine")
         self.queries = QueryRunner(config.query_workers, config.query_queue, config.query_limits)
         self._signals: weakref.WeakKeyDictionary[Table, _ChangeSignal] = weakref.WeakKeyDictionary()
+        self._arrivals = Arrivals()
 
     # -- tables -----------------------------------------------------------------------
 
@@ -221,6 +224,11 @@ class Servicer:
 
     @rpc("producer", audit=True)
     async def Insert(self, request_iterator, context, call):
+        arrival = self._arrivals.start(context.peer(), "insert")  # before any await: the call's start
+        with arrival:
+            return await self._insert(request_iterator, call, arrival, context)
+
+    async def _insert(self, request_iterator, call, arrival, context):
         first, parts, priorities = None, [], []
         async for item in request_iterator:
             _check_parsed(item, "Insert")
@@ -249,14 +257,16 @@ class Servicer:
         if first is None:
             raise InvalidArgument("an insert call must send at least one message")
         prepared: list = []
+        turn = table.turn("insert")
 
         def attempt():  # validation and SSD writes run once, in the first commit's thread hop
             if not prepared:
                 prepared.append(table.prepare_insert(parts, np.concatenate(priorities), durability))
-            return table.commit_insert(prepared[0], timeout=0)
+            return table.commit_insert(prepared[0], timeout=0, turn=turn)
 
         try:
-            result = await self._blocking(table, "insert", attempt, first.timeout_s, context)
+            result = await self._blocking(table, "insert", attempt, first.timeout_s, context,
+                                          arrival=arrival, turn=turn)
         except BaseException:
             if prepared:
                 await self._run(table.abandon_insert, prepared[0])
@@ -269,12 +279,17 @@ class Servicer:
 
     @rpc("trainer")
     async def Sample(self, request, context, call):
-        table = self.store.table(request.table)
-        for msg in await self._blocking(
-                table, "sample", lambda: self._messages(table.sample(
-                    request.batch_size, timeout=0, step=request.step if request.HasField("step") else None),
-                    request.compress),
-                request.timeout_s, context):
+        arrival = self._arrivals.start(context.peer(), "sample")  # before any await: the call's start
+        with arrival:
+            table = self.store.table(request.table)
+            turn = table.turn("sample")
+            step = request.step if request.HasField("step") else None
+            messages = await self._blocking(
+                table, "sample",
+                lambda: self._messages(table.sample(request.batch_size, timeout=0, step=step, turn=turn),
+                                       request.compress),
+                request.timeout_s, context, arrival=arrival, turn=turn)
+        for msg in messages:
             yield msg
 
     @rpc("trainer")
@@ -410,10 +425,17 @@ class Servicer:
         """Framed response messages (run on an engine thread, with the call that made rows)."""
         return convert.rows_to_messages(rows, compress=compress, message_bytes=self.config.message_bytes)
 
-    async def _blocking(self, table: Table, op: str, attempt: Callable, timeout_s: float, context) -> Any:
+    async def _blocking(self, table: Table, op: str, attempt: Callable, timeout_s: float, context, *,
+                        arrival: Arrival | None = None, turn: Turn | None = None) -> Any:
         """Run a non-blocking engine call until it succeeds, waiting for table changes
         in between, for up to ``timeout_s`` (bounded by the client's own deadline). A call
-        that had to wait is counted once in the table's ``<op>_waits`` stats."""
+        that had to wait is counted once in the table's ``<op>_waits`` stats.
+
+        Inserts and samples keep one ``turn`` in the table's line across attempts (blocked
+        calls are admitted first come, first served) and make their first attempt only
+        once the earlier calls of their connection have made theirs (``arrival``). A
+        turn that cannot be admitted yet costs no thread hop; it leaves the line when
+        the call ends, however it ends."""
         loop = asyncio.get_running_loop()
         signal = self._signals.get(table)
         if signal is None:
@@ -426,25 +448,40 @@ class Servicer:
         started = time.monotonic()
         deadline = started + limit
         waited = False
+        blocked: DeadlineExceeded | None = None
         try:
+            if arrival is not None:
+                await arrival.wait()
             while True:
                 event = signal.event  # taken before the attempt: a change during it still wakes us
-                try:
-                    return await self._run(attempt)
-                except DeadlineExceeded as e:
-                    if self.draining:
-                        raise Unavailable("server is draining; retry on another server or after restart") from None
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise
-                    if not waited:
-                        waited = True
-                        table.record_wait(op)
-                    wait = remaining if e.retry_after is None else min(remaining, max(e.retry_after, 0.001))
+                if turn is None or turn.may_try():
                     try:
-                        await asyncio.wait_for(event.wait(), wait)
-                    except TimeoutError:
-                        pass
+                        return await self._run(attempt)
+                    except DeadlineExceeded as e:
+                        blocked = e
+                    finally:
+                        if arrival is not None:
+                            arrival.reached()
+                if self.draining:
+                    raise Unavailable("server is draining; retry on another server or after restart") from None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise blocked if blocked is not None else DeadlineExceeded(
+                        f"table {table.name!r}: earlier {op}s are waiting (first come, first served)")
+                if not waited:
+                    waited = True
+                    table.record_wait(op)
+                retry_after = blocked.retry_after if blocked is not None else None
+                wait = remaining if retry_after is None else min(remaining, max(retry_after, 0.001))
+                try:
+                    await asyncio.wait_for(event.wait(), wait)
+                except TimeoutError:
+                    pass
         finally:
+            if turn is not None and not turn.done:  # not admitted: ended, or cancelled mid-attempt
+                try:  # on an engine thread: after an attempt still running there, and off the loop
+                    self._pool.submit(table.leave, turn)
+                except RuntimeError:  # the pool is shut down: nothing runs there any more
+                    table.leave(turn)
             if waited:
                 table.record_wait(op, time.monotonic() - started)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import grpc
 import pytest
 
-from expstore_client import Client
+from expstore_client import AsyncClient, Client
 
 from ._util import num_items, pb, raw_stub, rpc_error, trajectories, wait_until
 
@@ -234,6 +235,76 @@ def test_queue_rate_limiter_round_trip(client, table_name):
         assert client.sample(table_name, 2).ids.tolist() == ids[:2]
         assert client.insert(table_name, trajectories(2, id_prefix="y"), timeout=1).num_inserted == 2
         assert num_items(client, table_name) == 3  # the sampled two left (max_times_sampled=1)
+    finally:
+        client.drop_table(table_name)
+
+
+# -- first come, first served ----------------------------------------------------------------
+
+RUNS = 20
+QUEUE1 = dict(sampler="fifo", remover="fifo", max_size=1, max_times_sampled=1,
+              rate_limiter={"type": "queue", "size": 1})
+
+
+def keys(batch) -> list[int]:
+    return [int(t.split("-")[0][1:]) for t in batch.data.column("traj_id").to_pylist()]
+
+
+def test_a_producers_blocked_inserts_are_stored_in_the_order_it_issued_them(shared_server, client, table_name):
+    """Queue(1): one producer fires 8 inserts without waiting (insert_future); the first
+    is stored, the others wait for the rate limiter, and each sample lets one in. They
+    must come out 1..8, every time (Reverb admits pending inserts in order)."""
+    producer = Client(shared_server.address)  # its channel connects under the first inserts
+    try:
+        for run in range(RUNS):
+            name = f"{table_name}_{run}"
+            client.create_table(name, **QUEUE1)
+            futures = [producer.insert_future(name, trajectories(1, id_prefix=f"k{k}-"), timeout=30)
+                       for k in range(1, 9)]
+            order = [keys(client.sample(name, 1, timeout=10))[0] for _ in range(8)]
+            assert [f.result(10).num_inserted for f in futures] == [1] * 8
+            assert order == list(range(1, 9)), f"run {run}"
+            client.drop_table(name)
+    finally:
+        producer.close()
+
+
+def test_async_producers_blocked_inserts_and_samples_keep_their_order(shared_server, client, table_name):
+    """The same with AsyncClient tasks; then 6 samples fired at an empty queue are served
+    in the order they were issued as items arrive one by one."""
+    async def run_all():
+        async with AsyncClient(shared_server.address) as producer:
+            for run in range(RUNS):
+                name = f"{table_name}_{run}"
+                client.create_table(name, **QUEUE1)
+                inserts = [asyncio.create_task(producer.insert(name, trajectories(1, id_prefix=f"k{k}-"),
+                                                               timeout=30)) for k in range(1, 9)]
+                order = []
+                for _ in range(8):
+                    order += keys(await asyncio.to_thread(client.sample, name, 1, timeout=10))
+                await asyncio.gather(*inserts)
+                assert order == list(range(1, 9)), f"run {run}"
+                samples = [asyncio.create_task(producer.sample(name, 1, timeout=30)) for _ in range(6)]
+                assert await asyncio.to_thread(wait_until, lambda: client.stats(name)[name]["sample_queue"] == 6)
+                for k in range(1, 7):
+                    await asyncio.to_thread(client.insert, name, trajectories(1, id_prefix=f"s{k}-"), timeout=10)
+                assert [keys(b)[0] for b in await asyncio.gather(*samples)] == list(range(1, 7)), f"run {run}"
+                client.drop_table(name)
+
+    asyncio.run(run_all())
+
+
+def test_a_call_waiting_behind_others_times_out_with_its_place_named(client, table_name):
+    client.create_table(table_name, **QUEUE1)
+    try:
+        client.insert(table_name, trajectories(1, id_prefix="k0"))
+        waiting = client.insert_future(table_name, trajectories(1, id_prefix="k1"), timeout=30)
+        assert wait_until(lambda: client.stats(table_name)[table_name]["insert_queue"] == 1)
+        err = rpc_error(lambda: client.insert(table_name, trajectories(1, id_prefix="k2"), timeout=0.2),
+                        grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert "first come, first served" in err.details()
+        assert keys(client.sample(table_name, 1)) == [0] and waiting.result(10).num_inserted == 1
+        assert client.stats(table_name)[table_name]["insert_queue"] == 0
     finally:
         client.drop_table(table_name)
 

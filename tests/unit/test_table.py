@@ -629,6 +629,111 @@ def test_subscribe_is_called_on_changes():
     assert len(calls) > n
 
 
+# --- first come, first served ------------------------------------------------------------
+
+QUEUE1 = dict(sampler=SamplerSpec("fifo"), remover="fifo", max_size=1, max_times_sampled=1,
+              rate_limiter=RateLimiterSpec(type="queue", size=1))
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.002)
+
+
+def blocked_in_order(t: Table, op: str, calls) -> list[Worker]:
+    """Start one worker per call, each only once the one before it waits in the table."""
+    workers = []
+    for k, call in enumerate(calls, 1):
+        w = Worker(call)
+        w.start()
+        workers.append(w)
+        wait_for(lambda: t.stats()[f"{op}_waits"] >= k)  # nothing else wakes them meanwhile
+    return workers
+
+
+@pytest.mark.parametrize("rounds", [5])
+def test_blocked_inserts_are_admitted_in_arrival_order(rounds):
+    """A Queue(1) table: one insert is stored, seven more wait; each sample lets exactly
+    one in, and they come out in the order they arrived (Reverb's pending inserts)."""
+    for _ in range(rounds):
+        t = make(**QUEUE1)
+        t.insert(traj(1, "k1"))
+        workers = blocked_in_order(t, "insert", [lambda k=k: t.insert(traj(1, f"k{k}"), timeout=10)
+                                                 for k in range(2, 9)])
+        queued = t.stats().get("insert_queue")
+        order = [traj_ids(t.sample(1, timeout=5))[0] for _ in range(8)]
+        assert order == [f"k{k}-0" for k in range(1, 9)]
+        assert queued == 7
+        for w in workers:
+            assert w.finish().error is None
+        assert t.stats()["insert_queue"] == 0
+
+
+def test_blocked_samples_are_served_in_arrival_order():
+    t = make(sampler=SamplerSpec("fifo"), max_times_sampled=1)
+    workers = blocked_in_order(t, "sample", [lambda: t.sample(1, timeout=10) for _ in range(6)])
+    queued = t.stats().get("sample_queue")
+    for k in range(6):
+        t.insert(traj(1, f"k{k}"))
+        wait_for(lambda: t.stats()["samples"] == k + 1)
+    assert [traj_ids(w.finish().result) for w in workers] == [[f"k{k}-0"] for k in range(6)]
+    assert queued == 6
+
+
+def test_the_oldest_waiter_holds_back_those_behind_it():
+    """Head-of-line, as in Reverb: a later, smaller call that would fit is not let past."""
+    t = make(sampler=SamplerSpec("fifo"), max_times_sampled=1)
+    big, small = blocked_in_order(t, "sample", [lambda: t.sample(2, timeout=10),
+                                                lambda: t.sample(1, timeout=10)])
+    t.insert(traj(1, "a"))
+    assert_blocked(big)
+    assert_blocked(small)  # one item would serve it, but the batch of 2 came first
+    with pytest.raises(DeadlineExceeded, match="2 earlier samples are waiting"):
+        t.sample(1, timeout=0)  # a newcomer goes behind them too
+    t.insert(traj(1, "b"))
+    assert traj_ids(big.finish().result) == ["a-0", "b-0"]
+    assert_blocked(small)
+    t.insert(traj(1, "c"))
+    assert traj_ids(small.finish().result) == ["c-0"]
+
+
+def test_a_newcomer_insert_goes_behind_the_waiting_ones():
+    t = make(sampler=SamplerSpec("fifo"), rate_limiter=RateLimiterSpec(type="queue", size=2))
+    t.insert(traj(1, "a"))  # diff 1 of 2
+    (pair,) = blocked_in_order(t, "insert", [lambda: t.insert(traj(2, "pair"), timeout=10)])
+    with pytest.raises(DeadlineExceeded, match="first come, first served"):
+        t.insert(traj(1, "late"), timeout=0)  # the limiter alone would take it
+    assert len(t) == 1
+    t.sample(1)
+    assert pair.finish().error is None and len(t) == 3
+
+
+def test_a_waiter_that_gives_up_lets_the_next_one_through():
+    t = make(**QUEUE1)
+    t.insert(traj(1, "a"))
+    quitter, patient = blocked_in_order(t, "insert", [lambda: t.insert(traj(1, "q"), timeout=0.3),
+                                                      lambda: t.insert(traj(1, "p"), timeout=10)])
+    assert isinstance(quitter.finish().error, DeadlineExceeded)
+    assert traj_ids(t.sample(1)) == ["a-0"]
+    assert patient.finish().error is None
+    assert traj_ids(t.sample(1)) == ["p-0"] and t.stats()["insert_queue"] == 0
+
+
+def test_a_call_that_fails_once_admitted_wakes_the_next_in_line():
+    """The head is admitted by the limiter, then refused by the memory budget: the call
+    behind it must not sleep until some unrelated change."""
+    t = make(sampler=SamplerSpec("fifo"), tiers="memory", memory_bytes=64 * 1024,
+             rate_limiter=RateLimiterSpec(type="queue", size=2))
+    t.insert(traj(1, "a"))  # diff 1 of 2
+    big, small = blocked_in_order(t, "insert", [lambda: t.insert(traj(2, "big", tokens=20_000), timeout=10),
+                                                lambda: t.insert(traj(1, "small"), timeout=10)])
+    t.sample(1)  # diff 0: the big pair is admitted, and does not fit in memory
+    assert isinstance(big.finish().error, ResourceExhausted)
+    assert small.finish().error is None and len(t) == 2
+
+
 # --- staleness ---------------------------------------------------------------------------
 
 def staleness_table(**kw) -> tuple[Table, dict[int, list[int]]]:
