@@ -104,6 +104,12 @@ class InsertResult:
 
 
 @dataclass(frozen=True)
+class PriorityUpdate:
+    num_updated: int  # distinct live items whose priority was set
+    unknown_item_ids: np.ndarray  # uint64: ids naming no live item, once each, in call order; ignored
+
+
+@dataclass(frozen=True)
 class Rows:
     """Rows out of a table (Sample, Stream, Get) with their per-row facts, row-aligned."""
 
@@ -470,18 +476,29 @@ class Table:
         slots, probabilities, weights = (np.concatenate(x) for x in zip(*parts))
         return slots, probabilities, weights, np.concatenate(exhausted)
 
-    def update_priorities(self, item_ids, priorities) -> int:
+    def update_priorities(self, item_ids, priorities) -> PriorityUpdate:
+        """Set the priorities of the live items among ``item_ids``, in call order (the
+        last entry wins for a repeated id). Ids of items that left (or never were) are
+        ignored and reported, as Reverb ignores them: a trainer updating the batch it
+        sampled still updates the items that remain when some have been removed since."""
         ids = self._ids(item_ids)
         pr = self._priorities(priorities, len(ids), required=True)
         with self._cond:
-            slots = self._lookup(ids)
-            # Later entries win for repeated ids.
-            slots, last = np.unique(slots[::-1], return_index=True)
-            pr = pr[::-1][last]
-            self._log("priority", ids=self._index["id"][slots], priorities=pr)
-            self._set_priorities(slots, pr)
-            self._changed()
-            return len(slots)
+            slots = self._index.lookup(ids)
+            unknown = ids[slots < 0]
+            _, first = np.unique(unknown, return_index=True)
+            unknown = unknown[np.sort(first)]
+            at = np.flatnonzero(slots >= 0)  # positions of live ids in the call
+            # The last entry of each slot, applied in call order (heap ties: least
+            # recently updated first, so the order within a call matters).
+            _, from_end = np.unique(slots[at][::-1], return_index=True)
+            at = np.sort(at[len(at) - 1 - from_end])
+            slots, pr = slots[at], pr[at]
+            if len(slots):
+                self._log("priority", ids=self._index["id"][slots], priorities=pr)
+                self._set_priorities(slots, pr)
+                self._changed()
+            return PriorityUpdate(len(slots), unknown)
 
     def _set_priorities(self, slots: np.ndarray, pr: np.ndarray) -> None:
         self._index["priority"][slots] = pr

@@ -3,7 +3,7 @@
 Depends on grpcio, protobuf, pyarrow and numpy only (torch optionally, for to_torch).
 """
 
-from ._codec import InsertResult, TableInfo
+from ._codec import InsertResult, PriorityUpdate, TableInfo
 from .aio import AsyncClient
 from .batch import Ragged, SampleBatch
 from .batcher import InsertBatcher
@@ -11,6 +11,6 @@ from .client import Client, InsertFuture
 from ._shard_errors import ShardedInsertError, ShardError
 from .sharded import ShardedClient, ShardedInsertFuture, connect, names_shards
 
-__all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult", "TableInfo",
-           "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError", "connect",
+__all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult",
+           "PriorityUpdate", "TableInfo", "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError", "connect",
            "names_shards"]

@@ -30,6 +30,16 @@ class InsertResult:
 
 
 @dataclass(frozen=True)
+class PriorityUpdate:
+    """What ``update_priorities`` did: the live items it updated, and the ids it ignored
+    because they name no live item (removed since they were sampled, or never stored),
+    once each, in the order given."""
+
+    num_updated: int
+    unknown_item_ids: np.ndarray  # uint64
+
+
+@dataclass(frozen=True)
 class TableInfo:
     name: str
     config: dict[str, Any]
@@ -154,6 +164,10 @@ class StreamPoller:
 def insert_result(resp: pb.InsertResponse) -> InsertResult:
     return InsertResult(np.array(resp.item_ids, dtype=np.uint64), resp.num_inserted, resp.num_duplicates,
                         resp.num_stale)
+
+
+def priority_update(resp: pb.UpdatePrioritiesResponse) -> PriorityUpdate:
+    return PriorityUpdate(resp.num_updated, np.array(resp.unknown_item_ids, dtype=np.uint64))
 
 
 def rows(messages: Sequence[tuple[pb.RowsResponse, memoryview]], with_weights: bool) -> SampleBatch:

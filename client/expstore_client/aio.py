@@ -15,7 +15,7 @@ from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.proto.service import client_stub
 
 from . import _codec
-from ._codec import InsertResult, TableInfo
+from ._codec import InsertResult, PriorityUpdate, TableInfo
 from .batch import SampleBatch
 from .batcher import InsertBatcher
 from .client import DEFAULT_TIMEOUT, MAX_MESSAGE_BYTES, MESSAGE_BYTES, make_credentials
@@ -117,10 +117,11 @@ class AsyncClient:
         req = pb.AckRequest(table=table, group=group, item_ids=list(map(int, item_ids)))
         return (await self._call(self._stub.Ack, req)).num_acked
 
-    async def update_priorities(self, table: str, item_ids, priorities) -> int:
+    async def update_priorities(self, table: str, item_ids, priorities) -> PriorityUpdate:
+        """As ``Client.update_priorities``: unknown ids are ignored and returned."""
         req = pb.UpdatePrioritiesRequest(table=table, item_ids=list(map(int, item_ids)),
                                          priorities=list(map(float, priorities)))
-        return (await self._call(self._stub.UpdatePriorities, req)).num_updated
+        return _codec.priority_update(await self._call(self._stub.UpdatePriorities, req))
 
     async def set_policy_version(self, table: str, version: int) -> int:
         req = pb.SetPolicyVersionRequest(table=table, version=version)

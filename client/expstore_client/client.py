@@ -20,7 +20,7 @@ from expstore.proto.v1 import expstore_pb2 as pb
 from expstore.proto.service import client_stub
 
 from . import _codec
-from ._codec import InsertResult, TableInfo
+from ._codec import InsertResult, PriorityUpdate, TableInfo
 from .batch import SampleBatch
 
 DEFAULT_TIMEOUT = 30.0
@@ -170,10 +170,13 @@ class Client:
         resp = self._call(self._stub.Ack, pb.AckRequest(table=table, group=group, item_ids=list(map(int, item_ids))))
         return resp.num_acked
 
-    def update_priorities(self, table: str, item_ids, priorities) -> int:
+    def update_priorities(self, table: str, item_ids, priorities) -> PriorityUpdate:
+        """Set the priorities of the live items among ``item_ids`` (the last entry wins
+        for a repeated id). Ids of items that have left are ignored and returned in
+        ``unknown_item_ids``: the rest are updated all the same."""
         req = pb.UpdatePrioritiesRequest(table=table, item_ids=list(map(int, item_ids)),
                                          priorities=list(map(float, priorities)))
-        return self._call(self._stub.UpdatePriorities, req).num_updated
+        return _codec.priority_update(self._call(self._stub.UpdatePriorities, req))
 
     def set_policy_version(self, table: str, version: int) -> int:
         """Set the table's current policy version; returns how many stale items left."""

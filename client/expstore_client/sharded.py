@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from expstore.proto.v1 import expstore_pb2 as pb
 
 from . import _codec, _merge, _shard_ids
-from ._codec import InsertResult, TableInfo
+from ._codec import InsertResult, PriorityUpdate, TableInfo
 from ._placement import place, placement_keys
 from ._shard_errors import ShardedInsertError, ShardError
 from ._targets import resolve
@@ -304,14 +304,21 @@ class ShardedClient:
         done = self._all(f"table {table!r}: ack", lambda c, k: c.ack(table, group, parts[k][1]), parts)
         return sum(done.values())
 
-    def update_priorities(self, table: str, item_ids, priorities) -> int:
+    def update_priorities(self, table: str, item_ids, priorities) -> PriorityUpdate:
+        """Each shard updates its live items; ``unknown_item_ids`` are the sharded ids no
+        shard knows (in the order given)."""
         pr = np.asarray(priorities, dtype=np.float64)
         parts = _shard_ids.by_shard(item_ids, len(self.shards))
         if pr.shape != (sum(len(p) for p, _ in parts.values()),):
             raise ValueError(f"table {table!r}: {len(pr)} priorities for {sum(len(p) for p, _ in parts.values())} ids")
         done = self._all(f"table {table!r}: update priorities",
                          lambda c, k: c.update_priorities(table, parts[k][1], pr[parts[k][0]]), parts)
-        return sum(done.values())
+        unknown = np.concatenate([np.zeros(0, np.uint64)] + [
+            _shard_ids.encode(k, r.unknown_item_ids, self.shards[k]) for k, r in sorted(done.items())])
+        given = np.asarray(item_ids, dtype=np.uint64).reshape(-1)
+        unknown = given[np.isin(given, unknown)]
+        _, first = np.unique(unknown, return_index=True)
+        return PriorityUpdate(sum(r.num_updated for r in done.values()), unknown[np.sort(first)])
 
     def set_policy_version(self, table: str, version: int) -> int:
         """Set the version on every shard; returns how many stale items left in all."""

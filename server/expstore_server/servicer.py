@@ -318,9 +318,11 @@ class Servicer:
         if len(request.item_ids) != len(request.priorities):
             raise InvalidArgument(f"table {request.table!r}: {len(request.item_ids)} ids but "
                                   f"{len(request.priorities)} priorities")
-        n = await self._run(table.update_priorities, convert.ids_of(request.item_ids),
-                            np.asarray(request.priorities, dtype=np.float64))
-        return pb.UpdatePrioritiesResponse(num_updated=n)
+        done = await self._run(table.update_priorities, convert.ids_of(request.item_ids),
+                               np.asarray(request.priorities, dtype=np.float64))
+        call.detail = f"updated={done.num_updated} unknown={len(done.unknown_item_ids)}"
+        return pb.UpdatePrioritiesResponse(num_updated=done.num_updated,
+                                           unknown_item_ids=done.unknown_item_ids.tolist())
 
     @rpc("trainer", audit=True)
     async def SetPolicyVersion(self, request, context, call):

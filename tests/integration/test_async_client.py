@@ -82,7 +82,8 @@ def test_async_api_round_trip(shared_server, table_name):
                 assert got.priorities.tolist() == list(map(float, range(1, 11)))
                 batch = await c.sample(table_name, 4, compress=True)
                 assert batch.ids.tolist() == res.item_ids[:4].tolist()
-                assert await c.update_priorities(table_name, res.item_ids[:2], [3.0, 4.0]) == 2
+                done = await c.update_priorities(table_name, [*res.item_ids[:2], 10**9], [3.0, 4.0, 5.0])
+                assert done.num_updated == 2 and done.unknown_item_ids.tolist() == [10**9]
                 assert await c.set_policy_version(table_name, 2) == 0
                 seen = []
                 async for b in c.stream(table_name, "g", 3, poll_timeout=0.2, idle_timeout=0.3):

@@ -141,7 +141,7 @@ def test_client_with_token(auth_server):
             Client(auth_server.address, SECRETS["rollout-1"][0]) as producer:
         ids = producer.insert(TABLE, trajectories(2, id_prefix="client")).item_ids
         assert len(trainer.sample(TABLE, 2)) == 2
-        assert trainer.update_priorities(TABLE, ids, [1.0, 1.0]) == 2
+        assert trainer.update_priorities(TABLE, ids, [1.0, 1.0]).num_updated == 2
         err = rpc_error(lambda: trainer.insert(TABLE, trajectories(1, id_prefix="nope")),
                         grpc.StatusCode.PERMISSION_DENIED)
         assert "producer" in err.details()

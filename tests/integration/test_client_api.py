@@ -332,7 +332,7 @@ def test_priorities_and_update(client, table_name):
     try:
         ids = client.insert(table_name, trajectories(4), priorities=[1.0, 0.0, 0.0, 0.0]).item_ids
         assert set(client.sample(table_name, 32).ids.tolist()) == {int(ids[0])}
-        assert client.update_priorities(table_name, ids, [0.0, 0.0, 0.0, 5.0]) == 4
+        assert client.update_priorities(table_name, ids, [0.0, 0.0, 0.0, 5.0]).num_updated == 4
         batch = client.sample(table_name, 32)
         assert set(batch.ids.tolist()) == {int(ids[3])}
         assert np.allclose(batch.probabilities, 1.0) and np.allclose(batch.priorities, 5.0)

@@ -252,10 +252,10 @@ def test_unknown_item_id(client, table):
     unknown = int(ids.max()) + 1000
     err = rpc_error(lambda: client.get(table, [int(ids[0]), unknown]), NF)
     assert str(unknown) in err.details() and table in err.details()
-    err = rpc_error(lambda: client.update_priorities(table, [int(ids[0]), unknown], [5.0, 5.0]), NF)
-    assert str(unknown) in err.details()
-    # Nothing half-applied: the known id kept its priority.
-    assert client.get(table, ids[:1]).priorities.tolist() == [1.0]
+    # update_priorities ignores ids that name no live item (as Reverb does) and says which.
+    done = client.update_priorities(table, [int(ids[0]), unknown], [5.0, 5.0])
+    assert done.num_updated == 1 and done.unknown_item_ids.tolist() == [unknown]
+    assert client.get(table, ids[:1]).priorities.tolist() == [5.0]
     assert_still_serving(client, table, 3)
 
 

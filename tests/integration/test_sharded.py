@@ -194,7 +194,9 @@ def test_sharded_ids_route_get_update_priorities_and_manifest(client, table):
     got = client.get(table, pick)
     assert got.ids.tolist() == pick.tolist()
     assert got.column("traj_id").to_pylist() == ["r-5", "r-0", "r-33", "r-12"]
-    assert client.update_priorities(table, pick, [7.0, 8.0, 9.0, 10.0]) == 4
+    gone = int(pick[1]) + 10**6  # a sharded id on a real shard, with a local id never assigned
+    done = client.update_priorities(table, [*pick, gone], [7.0, 8.0, 9.0, 10.0, 11.0])
+    assert done.num_updated == 4 and done.unknown_item_ids.tolist() == [gone]
     stored = client.query_table(f"SELECT traj_id, priority FROM {table} WHERE priority > 1")
     assert dict(zip(stored.column("traj_id").to_pylist(), stored.column("priority").to_pylist())) == \
         {"r-5": 7.0, "r-0": 8.0, "r-33": 9.0, "r-12": 10.0}

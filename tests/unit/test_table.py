@@ -816,7 +816,7 @@ def test_update_priorities_changes_prioritized_sampling():
     ids = t.insert(traj(10)).item_ids
     before = t.sample(400).item_ids
     assert (before == ids[6]).mean() < 0.3
-    assert t.update_priorities([ids[6]], [1e6]) == 1
+    assert t.update_priorities([ids[6]], [1e6]).num_updated == 1
     after = t.sample(400)
     assert (after.item_ids == ids[6]).mean() > 0.95
     assert t.get([ids[6]]).priorities.tolist() == [1e6]
@@ -833,28 +833,36 @@ def test_update_priorities_changes_heap_order():
     assert t.sample(4).item_ids.tolist() == [4, 2, 3, 1]
 
 
-def test_update_priorities_unknown_id_changes_nothing():
+def test_update_priorities_skips_removed_items_and_reports_them():
+    """A trainer updates the batch it sampled; with max_times_sampled some of it has left
+    meanwhile. The live items are updated all the same (Reverb ignores missing keys)."""
+    t = make(sampler=SamplerSpec("max_heap"), max_times_sampled=1)
+    ids = t.insert(traj(4), priorities=[4.0, 3.0, 2.0, 1.0]).item_ids
+    batch = t.sample(2).item_ids  # the two highest, now removed
+    assert batch.tolist() == [ids[0], ids[1]]
+    done = t.update_priorities([ids[1], ids[2], 99, ids[0], ids[3], 99], [9.0, 0.5, 9.0, 9.0, 7.0, 1.0])
+    assert done.num_updated == 2
+    assert done.unknown_item_ids.tolist() == [ids[1], 99, ids[0]]  # once each, in call order
+    assert done.unknown_item_ids.dtype == np.uint64
+    assert t.get(ids[2:]).priorities.tolist() == [0.5, 7.0]
+    assert t.sample(2).item_ids.tolist() == [ids[3], ids[2]]
+    assert t.stats()["priority_updates"] == 2
+
+
+def test_update_priorities_of_only_unknown_ids_changes_nothing():
     t = make(sampler=SamplerSpec("max_heap"))
-    ids = t.insert(traj(3), priorities=[1.0, 2.0, 3.0]).item_ids
-    with pytest.raises(NotFound, match="99"):
-        t.update_priorities([ids[0], 99], [50.0, 1.0])
-    assert t.get(ids).priorities.tolist() == [1.0, 2.0, 3.0]
-    assert t.sample(1).item_ids.tolist() == [ids[2]]
-    assert t.stats()["priority_updates"] == 0
-
-
-def test_update_priorities_removed_id_is_not_found():
-    t = make(max_size=1)
-    t.insert(traj(1, "a"))
-    t.insert(traj(1, "b"))
-    with pytest.raises(NotFound, match=r"\b1\b"):
-        t.update_priorities([1], [2.0])
+    ids = t.insert(traj(2), priorities=[1.0, 2.0]).item_ids
+    calls = []
+    t.subscribe(lambda: calls.append(1))
+    done = t.update_priorities([50, 60], [9.0, 9.0])
+    assert done.num_updated == 0 and done.unknown_item_ids.tolist() == [50, 60]
+    assert t.get(ids).priorities.tolist() == [1.0, 2.0] and calls == []
 
 
 def test_update_priorities_repeated_id_last_wins():
     t = make(sampler=SamplerSpec("max_heap"))
     ids = t.insert(traj(2), priorities=[1.0, 2.0]).item_ids
-    assert t.update_priorities([ids[0], ids[1], ids[0]], [9.0, 3.0, 0.5]) == 2
+    assert t.update_priorities([ids[0], ids[1], ids[0]], [9.0, 3.0, 0.5]).num_updated == 2
     assert t.get(ids).priorities.tolist() == [0.5, 3.0]
     assert t.sample(2).item_ids.tolist() == [ids[1], ids[0]]
 

@@ -259,10 +259,12 @@ class UpdatePrioritiesRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ..., priorities: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class UpdatePrioritiesResponse(_message.Message):
-    __slots__ = ("num_updated",)
+    __slots__ = ("num_updated", "unknown_item_ids")
     NUM_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     num_updated: int
-    def __init__(self, num_updated: _Optional[int] = ...) -> None: ...
+    unknown_item_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_updated: _Optional[int] = ..., unknown_item_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SetPolicyVersionRequest(_message.Message):
     __slots__ = ("table", "version")
