@@ -24,6 +24,9 @@ COLUMNS: dict[str, type] = {
     "group_size": np.int64,
     "task": np.int64,
     "reward": np.float64,
+    # The table's count of inserts and priority updates at the item's last one: heap ties
+    # go to the least recently touched item (Reverb's rule), and a restore replays it.
+    "touched": np.int64,
 }
 
 

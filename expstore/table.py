@@ -177,6 +177,7 @@ class Table:
 
         # Samples the live items may still take under max_times_sampled (sum of allowances).
         self._allowance = 0
+        self._touches = 0  # inserts and priority updates so far: the index's "touched" column
         self.policy_version = 0
         self.counters: Counter[str] = Counter()
         # Items returned by sample / stream per staleness bucket (the last: beyond them all).
@@ -369,6 +370,7 @@ class Table:
         n = len(ids)
         slots, _ = self._index.add(n, ids=ids, group=_codes(self._groups, groups, n),
                                    task=_codes(self._tasks, tasks, n), **rows)
+        self._index["touched"][slots] = self._touch(n)
         if self._keys is not None:
             self._keys.add(slots, keys, ids)
         items = self._items(slots[stored])
@@ -442,6 +444,12 @@ class Table:
         self._changed()
         return rows
 
+    def _touch(self, n: int) -> np.ndarray:
+        """The next n values of the insert-or-update counter (index column "touched")."""
+        out = np.arange(self._touches, self._touches + n, dtype=np.int64)
+        self._touches += n
+        return out
+
     def _sampled(self, n: int) -> None:
         if self.spec.max_times_sampled:
             self._allowance -= n
@@ -501,7 +509,10 @@ class Table:
             return PriorityUpdate(len(slots), unknown)
 
     def _set_priorities(self, slots: np.ndarray, pr: np.ndarray) -> None:
+        """Set priorities (distinct slots), in the order given: heap ties go to the least
+        recently touched item."""
         self._index["priority"][slots] = pr
+        self._index["touched"][slots] = self._touch(len(slots))
         self._sampler.update(slots, pr)
         self._remover.update(slots, pr)
         self.counters["priority_updates"] += len(slots)
@@ -1339,7 +1350,7 @@ class Table:
         fields.update(
             keys=self._keys.keys_of(live) if self._keys is not None else None,
             group_names=list(self._groups._names), task_names=list(self._tasks._names),
-            next_id=ix.next_id, policy_version=self.policy_version,
+            next_id=ix.next_id, policy_version=self.policy_version, touches=self._touches,
             limiter=self._limiter.state(),
             consumers=[g.to_dict(self._clock()) for g in self._consumers.values()],
             **self._quarantine.to_fields())
@@ -1374,6 +1385,7 @@ class Table:
         for name in s["task_names"]:
             self._tasks._code(name)
         ids = s["col_id"]
+        s.setdefault("col_touched", ids.astype(np.int64))  # snapshots before it: insertion order
         rows = {name: s[f"col_{name}"] for name in COLUMNS if name not in ("id", "group", "task")}
         slots, _ = self._index.add(len(ids), ids=ids, group=s["col_group"], task=s["col_task"], **rows)
         if len(ids) == 0:
@@ -1381,9 +1393,13 @@ class Table:
         if self._keys is not None:
             self._keys.add(slots, s["keys"], ids)
             self._keys.restore_removed(s["removed_keys"], s["removed_ids"])
-        items = self._items(slots)
+        # Selectors take the items in the order they were last inserted or updated (the
+        # heaps' tie order), then the counter goes on from there.
+        touched = s["col_touched"]
+        items = self._items(slots[np.argsort(touched, kind="stable")])
         self._sampler.insert(items)
         self._remover.insert(items)
+        self._touches = int(s.get("touches", touched.max() + 1 if len(touched) else 0))
         cap = self.spec.max_times_sampled
         self._allowance = int((cap - s["col_times_sampled"]).sum()) if cap else 0
         self._index.next_id = max(self._index.next_id, s["next_id"])

@@ -67,7 +67,8 @@ def make_sampler(spec: SamplerSpec, tasks: Codebook) -> Selector:
 
 def make_remover(name: str) -> Selector:
     """The remover named in ``TableSpec.remover``: "fifo" (oldest first), "lifo" (newest
-    first), "min_priority" (lowest priority first, ties: oldest)."""
+    first), "min_priority" (lowest priority first, ties: least recently inserted or
+    updated)."""
     if name == "fifo":
         return Fifo()
     if name == "lifo":

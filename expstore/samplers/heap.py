@@ -1,18 +1,22 @@
-"""MaxHeap / MinHeap: the n highest (lowest) priority items, ties broken by age.
+"""MaxHeap / MinHeap: the n highest (lowest) priority items, ties to the least recently
+inserted or updated.
 
 ``sample(n)`` returns n DISTINCT held slots ordered by priority, highest (MaxHeap) or
-lowest (MinHeap) first; among equal priorities the older item (smaller id) comes first.
-Probabilities and weights are 1. Priorities change through ``update``. MinHeap is also
-the "min_priority" remover. Sampling does not consume: asking twice without a change
-returns the same slots.
+lowest (MinHeap) first; among equal priorities the item least recently inserted or
+updated comes first, as in Reverb (``reverb/cc/selectors/heap.cc``: an update, even to
+the same priority, sends the item behind its equals, so equal items rotate). Items of
+one ``insert`` or ``update`` call count as touched in the order given. Probabilities and
+weights are 1. MinHeap is also the "min_priority" remover. Sampling does not consume:
+asking twice without a change returns the same slots.
 
-Structure: a binary heap (``heapq``, a Python list) of entries ``(key, id, seq, slot)``
-with ``key = -priority`` (max) or ``priority`` (min), plus per-slot arrays ``_seq``
-(the sequence number of the slot's current entry, -1: not held), ids and priorities.
-An entry is live iff ``_seq[slot] == seq``: remove and update never search the heap,
-they just invalidate the slot's old entry (update pushes a fresh one). Stale entries are
-dropped when popped, and the heap is rebuilt from the per-slot arrays once stale
-entries outnumber live ones (O(N), amortised O(1) per remove/update).
+Structure: a binary heap (``heapq``, a Python list) of entries ``(key, seq, slot)`` with
+``key = -priority`` (max) or ``priority`` (min) and ``seq`` a counter of inserts and
+updates, plus per-slot arrays ``_seq`` (the sequence number of the slot's current entry,
+-1: not held) and priorities. An entry is live iff ``_seq[slot] == seq``: remove and
+update never search the heap, they just invalidate the slot's old entry (update pushes a
+fresh one). Stale entries are dropped when popped, and the heap is rebuilt from the
+per-slot arrays once stale entries outnumber live ones (O(N), amortised O(1) per
+remove/update).
 
 Complexity: insert and update O(k log H) (or O(H + k) by ``heapify`` for a large batch);
 remove O(k) amortised; sample O((n + s) log H), s the stale entries met. The heap forces
@@ -36,9 +40,8 @@ class _Heap(Selector):
     name = "heap"
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, int]] = []
+        self._heap: list[tuple[float, int, int]] = []
         self._seq = np.empty(0, dtype=np.int64)
-        self._ids = np.empty(0, dtype=np.uint64)
         self._prio = np.empty(0, dtype=np.float64)
         self._next_seq = 0
         self._n = 0
@@ -50,9 +53,7 @@ class _Heap(Selector):
             return
         size = int(slots.max()) + 1
         self._seq = grown(self._seq, size, -1)
-        self._ids = grown(self._ids, size, 0)
         self._prio = grown(self._prio, size, 0.0)
-        self._ids[slots] = np.asarray(items.ids, dtype=np.uint64)
         self._n += len(slots)
         self._push(slots, items.priorities)
 
@@ -83,7 +84,7 @@ class _Heap(Selector):
         self._seq[slots] = seq
         self._prio[slots] = prio
         # A repeated slot in one batch: only its last entry is live (``_seq`` kept the last).
-        entries = zip((self.sign * prio).tolist(), self._ids[slots].tolist(), seq.tolist(), slots.tolist())
+        entries = zip((self.sign * prio).tolist(), seq.tolist(), slots.tolist())
         heap = self._heap
         if len(slots) * math.log2(len(heap) + 2) > len(heap):
             heap.extend(entries)
@@ -95,8 +96,8 @@ class _Heap(Selector):
     def _maybe_rebuild(self) -> None:
         if self._stale > max(self._n, 64):
             slots = np.flatnonzero(self._seq >= 0)
-            self._heap = list(zip((self.sign * self._prio[slots]).tolist(), self._ids[slots].tolist(),
-                                  self._seq[slots].tolist(), slots.tolist()))
+            self._heap = list(zip((self.sign * self._prio[slots]).tolist(), self._seq[slots].tolist(),
+                                  slots.tolist()))
             heapq.heapify(self._heap)
             self._stale = 0
 
@@ -116,13 +117,13 @@ class _Heap(Selector):
         taken = []
         while len(taken) < n:
             entry = heapq.heappop(heap)
-            if seq[entry[3]] == entry[2]:
+            if seq[entry[2]] == entry[1]:
                 taken.append(entry)
             else:
                 self._stale -= 1
         for entry in taken:
             heapq.heappush(heap, entry)
-        return deterministic(np.array([e[3] for e in taken], dtype=np.int64) if taken else EMPTY_SLOTS.copy())
+        return deterministic(np.array([e[2] for e in taken], dtype=np.int64) if taken else EMPTY_SLOTS.copy())
 
     def priorities(self, slots: np.ndarray) -> np.ndarray:
         """Current priorities of held slots. O(k)."""
@@ -130,7 +131,8 @@ class _Heap(Selector):
 
 
 class MaxHeap(_Heap):
-    """Highest priority first, ties: older (smaller id) first. Sampler "max_heap".
+    """Highest priority first, ties: least recently inserted or updated first. Sampler
+    "max_heap".
 
     >>> h = MaxHeap()
     >>> from expstore.samplers.base import Items
@@ -139,6 +141,9 @@ class MaxHeap(_Heap):
     ...                np.array([5.0, 9.0, 5.0]), z, z, z, z))
     >>> h.sample(3).slots.tolist()
     [1, 0, 2]
+    >>> h.update(np.array([0]), np.array([5.0]))  # the same priority: behind its equal now
+    >>> h.sample(3).slots.tolist()
+    [1, 2, 0]
     """
 
     sign = -1.0
@@ -146,8 +151,8 @@ class MaxHeap(_Heap):
 
 
 class MinHeap(_Heap):
-    """Lowest priority first, ties: older (smaller id) first. Sampler "min_heap" and
-    remover "min_priority"."""
+    """Lowest priority first, ties: least recently inserted or updated first. Sampler
+    "min_heap" and remover "min_priority"."""
 
     sign = 1.0
     name = "the min_heap selector"

@@ -31,13 +31,19 @@ def items(slots, ids=None, priorities=None, groups=None, tasks=None, rewards=Non
 
 
 class Pool:
-    """A stand-in for the table: reuses the lowest free slot, ids are monotonic."""
+    """A stand-in for the table: reuses the lowest free slot, ids are monotonic;
+    ``touched`` counts inserts and priority updates (the heaps' tie order)."""
 
     def __init__(self) -> None:
         self.free: list[int] = []
         self.next_slot = 0
         self.next_id = 1
-        self.live: dict[int, dict] = {}  # slot -> {"id", "priority", ...}
+        self.touches = 0
+        self.live: dict[int, dict] = {}  # slot -> {"id", "priority", "touched", ...}
+
+    def touch(self) -> int:
+        self.touches += 1
+        return self.touches
 
     def new(self, k: int, **cols) -> Items:
         slots = []
@@ -52,7 +58,8 @@ class Pool:
         self.next_id += k
         it = items(slots, ids=ids, **cols)
         for j, s in enumerate(slots):
-            self.live[s] = {"id": ids[j], "priority": float(it.priorities[j]), "group": int(it.groups[j])}
+            self.live[s] = {"id": ids[j], "priority": float(it.priorities[j]), "group": int(it.groups[j]),
+                            "touched": self.touch()}
         return it
 
     def drop(self, slots) -> np.ndarray:
@@ -234,8 +241,8 @@ def test_heaps_order_ties_updates_and_reuse():
     nb = pool.new(1, priorities=[3.0])  # reuses slot 0, id 7: newer than slot 2
     for h in (mx, mn):
         h.insert(nb)
-    assert mx.sample(6).slots.tolist() == [5, 2, 0, 1, 3, 4]
-    assert mn.sample(3).slots.tolist() == [1, 3, 4]
+    assert mx.sample(6).slots.tolist() == [5, 2, 0, 1, 4, 3]  # slot 3 updated to 1.0: behind 1 and 4
+    assert mn.sample(3).slots.tolist() == [1, 4, 3]
     assert mx.priorities(np.array([5, 0])).tolist() == [4.0, 3.0]
     with pytest.raises(FailedPrecondition):
         mx.sample(7)
@@ -268,7 +275,7 @@ def test_ordered_and_heaps_match_a_reference_model(ops):
             else:
                 prio = rng.integers(0, 4, len(victims)).astype(float)
                 for v, p in zip(victims.tolist(), prio.tolist()):
-                    pool.live[v]["priority"] = p
+                    pool.live[v].update(priority=p, touched=pool.touch())
                 for s in sels.values():
                     s.update(victims, prio)
         live = pool.live
@@ -278,9 +285,9 @@ def test_ordered_and_heaps_match_a_reference_model(ops):
         assert sels["fifo"].sample(len(live)).slots.tolist() == by_id
         assert sels["lifo"].sample(len(live)).slots.tolist() == by_id[::-1]
         assert sels["max"].sample(len(live)).slots.tolist() == sorted(
-            live, key=lambda x: (-live[x]["priority"], live[x]["id"]))
+            live, key=lambda x: (-live[x]["priority"], live[x]["touched"]))
         assert sels["min"].sample(len(live)).slots.tolist() == sorted(
-            live, key=lambda x: (live[x]["priority"], live[x]["id"]))
+            live, key=lambda x: (live[x]["priority"], live[x]["touched"]))
         mixed = sels["mix"].sample(len(live), rng).slots.tolist()
         assert sorted(mixed) == sorted(live)
         if live:
@@ -289,6 +296,24 @@ def test_ordered_and_heaps_match_a_reference_model(ops):
             assert set(got) <= set(live)
             if any(live[x]["priority"] > 0 for x in live):
                 assert all(live[x]["priority"] > 0 for x in got)
+
+
+def test_heap_ties_go_to_the_least_recently_inserted_or_updated():
+    """Reverb's HeapSelector: an update, even to the same priority, sends an item behind
+    its equals, so equal items rotate; within one call, in the order given."""
+    for h in (MaxHeap(), MinHeap()):
+        h.insert(items([0, 1, 2, 3], priorities=[2.0] * 4))
+        assert h.sample(4).slots.tolist() == [0, 1, 2, 3]
+        h.update(np.array([0]), np.array([2.0]))
+        assert h.sample(4).slots.tolist() == [1, 2, 3, 0]
+        h.update(np.array([2, 1]), np.array([2.0, 2.0]))
+        assert h.sample(4).slots.tolist() == [3, 0, 2, 1]
+        rotation = []
+        for _ in range(8):  # take the head, give it back with the same priority
+            head = h.sample(1).slots
+            rotation += head.tolist()
+            h.update(head, np.array([2.0]))
+        assert rotation == [3, 0, 2, 1, 3, 0, 2, 1]
 
 
 # ---------------------------------------------------------------- group

@@ -833,6 +833,21 @@ def test_update_priorities_changes_heap_order():
     assert t.sample(4).item_ids.tolist() == [4, 2, 3, 1]
 
 
+def test_heap_ties_rotate_after_updates_and_the_min_priority_remover_follows():
+    """Reverb breaks heap ties by the least recently inserted *or updated* item, so a
+    trainer that resets equal priorities makes equal items take turns; the min_priority
+    remover evicts by the same rule."""
+    t = make(sampler=SamplerSpec("max_heap"), remover="min_priority", max_size=4)
+    ids = t.insert(traj(4), priorities=[1.0] * 4).item_ids.tolist()
+    assert t.sample(4).item_ids.tolist() == ids
+    t.update_priorities([ids[0]], [1.0])
+    assert t.sample(4).item_ids.tolist() == ids[1:] + ids[:1]
+    t.update_priorities([ids[2], ids[1]], [1.0, 1.0])  # in call order
+    assert t.sample(4).item_ids.tolist() == [ids[3], ids[0], ids[2], ids[1]]
+    new = t.insert(traj(1, "new"), priorities=[5.0]).item_ids.tolist()
+    assert live_ids(t, ids + new) == [ids[0], ids[1], ids[2]] + new  # ids[3]: least recently touched
+
+
 def test_update_priorities_skips_removed_items_and_reports_them():
     """A trainer updates the batch it sampled; with max_times_sampled some of it has left
     meanwhile. The live items are updated all the same (Reverb ignores missing keys)."""
