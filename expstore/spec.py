@@ -33,8 +33,8 @@ class SamplerSpec:
     """How items are chosen for ``Sample``.
 
     type: one of SAMPLER_TYPES.
-    alpha, beta: prioritized only; P(i) ~ priority_i ** alpha, importance weights
-        (N * P(i)) ** -beta normalised by the batch maximum.
+    alpha, beta: prioritized only; P(i) ~ priority_i ** alpha (0 for a priority of 0,
+        at any alpha), importance weights (N * P(i)) ** -beta normalised by the batch maximum.
     group_size: group only; members per GRPO group (>= 1). An item whose own
         ``group_size`` column is set must agree with it.
     drop_zero_variance: group only; complete groups whose rewards are all equal are

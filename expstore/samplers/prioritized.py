@@ -2,18 +2,20 @@
 
 Semantics, for N held items with priorities p_i (finite, >= 0):
 
-- ``P(i) = p_i ** alpha / sum_j p_j ** alpha`` per draw, draws independent (with
-  replacement). ``alpha = 0`` is uniform, including over zero priorities (``0 ** 0 = 1``).
-- With ``alpha > 0`` an item of priority 0 is never drawn, unless every held priority is
-  0: then the sampler falls back to uniform (``P(i) = 1 / N``), so that a table whose
-  priorities were all zeroed still serves instead of failing.
+- ``P(i) = w_i / sum_j w_j`` per draw with ``w_i = p_i ** alpha``, draws independent
+  (with replacement); ``alpha = 0`` is uniform over the items of priority > 0.
+- A priority of 0 weighs 0 at every ``alpha``, 0 included (where ``0 ** 0`` would be 1):
+  it is how a user excludes an item, and Reverb's prioritized selector does the same
+  (``reverb/cc/selectors/prioritized.cc``). Such an item is never drawn, unless every held
+  priority is 0: then, as in Reverb, the sampler falls back to uniform (``P(i) = 1 / N``),
+  so that a table whose priorities were all zeroed still serves instead of failing.
 - Importance weights ``w_i = (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta``, the max over
   the returned batch (so the largest weight in a batch is exactly 1; ``beta = 0`` gives
   all ones). ``Selection.probabilities`` holds P(i) of each returned slot.
 
 Complexity: insert, remove, update O(k log C) for k items over a tree of capacity C (the
 next power of two above the largest slot); sample O(n log C). All vectorised (see
-``sumtree``). The leaf of slot s holds ``p_s ** alpha``; a removed slot's leaf is 0.
+``sumtree``). The leaf of slot s holds ``w_s``; a removed slot's leaf is 0.
 """
 
 from __future__ import annotations
@@ -70,13 +72,13 @@ class Prioritized(Selector):
         assert len(p) == k, "one priority per slot"
         assert not np.any(p < 0) and np.all(np.isfinite(p)), "priorities must be finite and >= 0"
         with np.errstate(over="ignore"):
-            scaled = np.power(p, self.alpha)
+            scaled = np.where(p > 0, np.power(p, self.alpha), 0.0)  # 0 stays 0, even at alpha 0
         if not np.all(np.isfinite(scaled)):
             raise InvalidArgument(f"priority ** alpha overflows float64 (alpha={self.alpha})")
         return scaled
 
     def stats(self) -> dict[str, float]:
-        return {"total_priority": float(self._tree.total)}  # sum of priority ** alpha
+        return {"total_priority": float(self._tree.total)}  # sum of the weights w_i
 
     def __len__(self) -> int:
         return len(self._held)
@@ -100,7 +102,7 @@ class Prioritized(Selector):
         if size == 0:
             raise cannot("the prioritized sampler", n, 0)
         total = self._tree.total
-        if total <= 0:  # every priority is 0 with alpha > 0: uniform
+        if total <= 0:  # every priority is 0: uniform
             return self._held.sample(n, rng)
         slots = self._tree.find(rng.random(n) * total)
         probs = self._tree.get(slots) / total

@@ -124,7 +124,8 @@ def test_prioritized_chisquare_and_weights(alpha):
     pr = np.array([0.0, 1.0, 2.0, 3.0, 0.5, 10.0, 4.0, 0.25])
     s = Prioritized(alpha=alpha, beta=beta, capacity=2)  # grows
     s.insert(items(np.arange(len(pr)), priorities=pr))
-    expected = pr ** alpha / np.sum(pr ** alpha)
+    weight = np.where(pr > 0, pr ** alpha, 0.0)  # priority 0 weighs 0, at alpha 0 too (Reverb)
+    expected = weight / weight.sum()
     n = 50_000
     sel = s.sample(n, np.random.default_rng(11))
     c = counts_of(sel.slots, len(pr))
@@ -166,10 +167,23 @@ def test_prioritized_all_zero_falls_back_to_uniform():
     assert set(s.sample(100, np.random.default_rng(0)).slots.tolist()) == {2}
 
 
-def test_prioritized_alpha_zero_counts_zero_priorities():
-    s = Prioritized(alpha=0.0)
-    s.insert(items(np.arange(3), priorities=[0.0, 5.0, 0.0]))
-    assert set(s.sample(300, np.random.default_rng(0)).slots.tolist()) == {0, 1, 2}
+def test_prioritized_alpha_zero_is_uniform_over_nonzero_priorities():
+    """Priority 0 is how a user excludes an item: never drawn at alpha 0 either (where
+    0 ** 0 = 1 would make it as likely as any); all-zero falls back to uniform (Reverb)."""
+    s = Prioritized(alpha=0.0, beta=1.0)
+    s.insert(items(np.arange(5), priorities=[0.0, 5.0, 0.0, 0.5, 2.0]))
+    n = 30_000
+    sel = s.sample(n, np.random.default_rng(0))
+    c = counts_of(sel.slots, 5)
+    assert c[0] == 0 and c[2] == 0
+    assert chisquare(c[[1, 3, 4]]).pvalue > P_MIN
+    np.testing.assert_array_equal(sel.probabilities, 1 / 3)
+    np.testing.assert_array_equal(sel.weights, 1.0)
+    assert s.stats()["total_priority"] == 3.0
+    s.update(np.array([1, 3, 4]), np.zeros(3))
+    sel = s.sample(n, np.random.default_rng(1))
+    assert chisquare(counts_of(sel.slots, 5)).pvalue > P_MIN
+    np.testing.assert_array_equal(sel.probabilities, 0.2)
 
 
 def test_prioritized_errors():

@@ -825,6 +825,16 @@ def test_update_priorities_changes_prioritized_sampling():
     assert t.stats()["priority_updates"] == 1
 
 
+def test_priority_zero_excludes_an_item_at_alpha_zero():
+    t = make(sampler=SamplerSpec("prioritized", alpha=0.0), seed=3)
+    ids = t.insert(traj(3), priorities=[1.0, 0.0, 4.0]).item_ids.tolist()
+    batch = t.sample(3000)
+    assert set(batch.item_ids.tolist()) == {ids[0], ids[2]}
+    np.testing.assert_array_equal(batch.probabilities, 0.5)
+    t.update_priorities(ids, [0.0, 0.0, 0.0])  # all excluded: uniform over all, as in Reverb
+    assert set(t.sample(300).item_ids.tolist()) == set(ids)
+
+
 def test_update_priorities_changes_heap_order():
     t = make(sampler=SamplerSpec("max_heap"))
     t.insert(traj(4), priorities=[4.0, 3.0, 2.0, 1.0])
