@@ -325,6 +325,8 @@ class Table:
             else:
                 chunks.append((lo, hi, Staged(s.chunk_id, s.batch.filter(pa.array(keep)))))
         nbytes = sum(s.batch.get_total_buffer_size() for _, _, s in chunks)
+        # Chosen before the new rows enter: the remover never evicts a row of this insert
+        # (Reverb's code inserts first, then removes; its docs say what we do).
         victims = self._victims(len(self._index) + n_store - self.spec.max_size)
         if self._journal is None:
             self._check_budget(nbytes, victims)
