@@ -198,9 +198,24 @@ def test_audit_names_the_denied_principal_and_table(auth_server):
     assert line["who"] == "dashboard" and line["table"] == "sneaky"
 
 
-def test_no_auth_configured_allows_anonymous(client, table_name):
-    client.create_table(table_name)
-    client.drop_table(table_name)
+def test_no_auth_configured_allows_anonymous(shared_server, table_name):
+    """Without [auth] tokens every call of every role is allowed, with or without a
+    token (which is then ignored), and audited as "anonymous"."""
+    for token in (None, "not-a-configured-token"):
+        with Client(shared_server.address, token) as c:
+            assert c.create_table(table_name, sampler="fifo").name == table_name  # admin
+            ids = c.insert(table_name, trajectories(2, id_prefix=f"anon-{token}")).item_ids  # producer
+            assert c.sample(table_name, 2).ids.tolist() == ids.tolist()  # trainer
+            assert c.stats(table_name)[table_name]["items"] == 2  # reader
+            c.drop_table(table_name)
+            assert table_name not in [t.name for t in c.list_tables()]
+
+    def audited():
+        return [x for x in audit_lines(shared_server.data_dir) if x["table"] == table_name]
+
+    assert wait_until(lambda: [x["method"] for x in audited()].count("DropTable") == 2)
+    assert {(x["who"], x["outcome"]) for x in audited()} == {("anonymous", "OK")}
+    assert [x["method"] for x in audited()] == ["CreateTable", "Insert", "DropTable"] * 2
 
 
 # -- TLS --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from expstore_client import Client
 
-from ._util import rpc_error, start_server, stored_traj_ids, trajectories, wait_until
+from ._util import rpc_error, start_server, stored_traj_ids, trajectories
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -163,11 +163,12 @@ def test_durable_tables_from_the_config_survive_a_restart(tmp_path):
     sampler = { type = "uniform" }
     """
     server = start_server(tmp_path / "data", config)
-    Client(server.address).insert("rollouts", trajectories(5, id_prefix="a"))
+    ids = Client(server.address).insert("rollouts", trajectories(5, id_prefix="a")).item_ids
     server.stop(signal.SIGKILL)
-    server = start_server(server.data_dir, config)
+    server = start_server(server.data_dir, config)  # listens once the tables are restored
     c = Client(server.address)
-    wait_until(lambda: c.describe("rollouts").num_items == 5)
+    assert c.describe("rollouts").num_items == 5  # not recreated empty from the config
+    assert c.get("rollouts", ids).data.column("traj_id").to_pylist() == [f"a-{i}" for i in range(5)]
     server.stop()
 
 
