@@ -977,6 +977,8 @@ class Table:
         """Wake every waiter with UNAVAILABLE; later calls fail the same way."""
         with self._cond:
             self._closed = True
+            for line in self._lines.values():
+                line.closed = True
             self._changed()
         if self._prefetch_pool is not None:
             self._prefetch_pool.shutdown(wait=True)

@@ -38,9 +38,10 @@ class Turn:
         self.done = False
 
     def may_try(self) -> bool:
-        """Whether an attempt could be admitted now: not in line yet, or at its head."""
+        """Whether an attempt could succeed or end the call now: not in line yet, at its
+        head, or the line is closed (the table is: every waiter fails at once)."""
         line = self.line
-        return line is None or line.head is self
+        return line is None or line.head is self or line.closed
 
 
 class Line:
@@ -49,6 +50,7 @@ class Line:
     def __init__(self) -> None:
         self._queue: deque[Turn] = deque()
         self.head: Turn | None = None
+        self.closed = False  # the table is closed: its calls fail, in line or not
         self._waiting = 0
 
     def join(self, turn: Turn) -> None:

@@ -4,6 +4,7 @@ environments in one event loop. One channel per client; safe to share across tas
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -80,7 +81,7 @@ class AsyncClient:
             requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
                                               self.message_bytes)
             call = await turn.start(lambda: self._stub.Insert(requests, timeout=self._deadline(timeout),
-                                                              metadata=self._metadata))
+                                                              metadata=self._metadata), timeout)
         return _codec.insert_result(await call)
 
     async def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
@@ -90,7 +91,7 @@ class AsyncClient:
         async with turn:
             timeout = self.timeout if timeout is None else timeout
             req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step)
-            call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout))
+            call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout), timeout)
         return _codec.rows([m async for m in call], with_weights=True)
 
     async def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
@@ -169,9 +170,10 @@ class _InOrder:
     """Starts a client's calls of one kind on the wire in the order they were made.
 
     Calls made while the channel connects are started in any order once it is up, so a
-    call waits for the channel to be ready before it starts, and for the call made before
-    it to have started (each wait in turn: the order holds through a reconnect). The
-    server then sees them in order, and admits them in that order when they must wait.
+    call waits (up to its timeout) while the channel is idle or connecting, after the
+    call made before it has started: the order holds through a reconnect. A channel that
+    failed to connect is not waited for (the call fails fast, as it would have). The
+    server then sees the calls in order, and admits them in that order when they wait.
     """
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
@@ -189,12 +191,18 @@ class _Start:
                  started: asyncio.Future) -> None:
         self._channel, self._previous, self._started = channel, previous, started
 
-    async def start(self, make_call):
-        """Start the call once the channel is up and the previous call has started."""
+    async def start(self, make_call, timeout: float):
+        """Start the call once the previous one has started and the channel is up."""
         if self._previous is not None and not self._previous.done():
             await asyncio.wait((self._previous,))  # not cancelled if this call is
-        if self._channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
-            await self._channel.channel_ready()
+        deadline = time.monotonic() + timeout
+        state = self._channel.get_state(try_to_connect=True)
+        while state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):
+            try:
+                await asyncio.wait_for(self._channel.wait_for_state_change(state), deadline - time.monotonic())
+            except TimeoutError:
+                break  # the call itself reports the timeout
+            state = self._channel.get_state(try_to_connect=True)
         return make_call()
 
     async def __aenter__(self) -> "_Start":

@@ -29,11 +29,14 @@ class Arrival:
         self._earlier = earlier
         self._release = release
 
-    async def wait(self) -> None:
-        for f in self._earlier:
-            if not f.done():
-                await asyncio.wait((f,))  # never cancels f when this call is cancelled
-        self._earlier = []
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) for the earlier calls; whether
+        they all got there."""
+        pending = [f for f in self._earlier if not f.done()]
+        if pending:
+            timeout = None if timeout is None else max(timeout, 0.0)
+            _, pending = await asyncio.wait(pending, timeout=timeout)  # never cancels them
+        return not pending
 
     def reached(self) -> None:
         if not self._reached.done():

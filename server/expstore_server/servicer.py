@@ -443,17 +443,22 @@ class Servicer:
         if signal is None:
             signal = self._signals[table] = _ChangeSignal(loop)
             table.subscribe(signal.notify)
-        limit = max(0.0, timeout_s)
         remaining_rpc = context.time_remaining()
-        if remaining_rpc is not None:
-            limit = min(limit, max(0.0, remaining_rpc - 0.05))
-        started = time.monotonic()
-        deadline = started + limit
+        rpc_left = None if remaining_rpc is None else max(0.0, remaining_rpc - 0.05)
         waited = False
         blocked: DeadlineExceeded | None = None
         try:
-            if arrival is not None:
-                await arrival.wait()
+            # Bounded by the RPC's deadline, not timeout_s: a call with timeout_s = 0 still
+            # lets the calls its client started before it go first.
+            if arrival is not None and not await arrival.wait(rpc_left):
+                raise DeadlineExceeded(f"table {table.name!r}: an earlier {op} of this connection had not "
+                                       f"reached the table before the call's deadline")
+            limit = max(0.0, timeout_s)
+            remaining_rpc = context.time_remaining()
+            if remaining_rpc is not None:
+                limit = min(limit, max(0.0, remaining_rpc - 0.05))
+            started = time.monotonic()
+            deadline = started + limit
             while True:
                 event = signal.event  # taken before the attempt: a change during it still wakes us
                 if turn is None or turn.may_try():

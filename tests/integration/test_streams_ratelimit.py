@@ -309,6 +309,18 @@ def test_a_call_waiting_behind_others_times_out_with_its_place_named(client, tab
         client.drop_table(table_name)
 
 
+def test_dropping_a_table_ends_every_call_in_its_lines(client, table_name):
+    client.create_table(table_name, **QUEUE1)
+    client.insert(table_name, trajectories(1, id_prefix="k0"))
+    waiting = [client.insert_future(table_name, trajectories(1, id_prefix=f"k{k}"), timeout=60) for k in (1, 2, 3)]
+    assert wait_until(lambda: client.stats(table_name)[table_name]["insert_queue"] == 3)
+    client.drop_table(table_name)
+    for f in waiting:  # long before their 60 s timeout
+        with pytest.raises(grpc.RpcError) as e:
+            f.result(20)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
 # -- staleness -------------------------------------------------------------------------------
 
 def test_staleness_removes_old_items_and_they_are_never_sampled(client, table_name):
