@@ -29,6 +29,10 @@ class Arrival:
         self._earlier = earlier
         self._release = release
 
+    def clear(self) -> bool:
+        """Whether every earlier call has got there (``wait`` would not wait)."""
+        return all(f.done() for f in self._earlier)
+
     async def wait(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for the earlier calls; whether
         they all got there."""

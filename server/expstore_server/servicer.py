@@ -6,7 +6,9 @@ overlap with network I/O) and never block there: blocking calls are made with
 ``timeout=0`` and the coroutine waits for the table's change notifications instead, so
 a thousand producers held back by the rate limiter cost a thousand coroutines, not a
 thousand threads, and can never starve the trainer's calls of workers. SQL queries run
-on threads of their own (``queries.QueryRunner``), never on the engine's.
+on threads of their own (``queries.QueryRunner``), never on the engine's. Blocked inserts
+and samples keep their place in the table's line across attempts (expstore/turns.py),
+and the calls of one connection reach it in the order they started (arrivals.py).
 """
 
 from __future__ import annotations
@@ -259,12 +261,17 @@ class Servicer:
         prepared: list = []
         turn = table.turn("insert")
 
+        def prepare():
+            prepared.append(table.prepare_insert(parts, np.concatenate(priorities), durability))
+
         def attempt():  # validation and SSD writes run once, in the first commit's thread hop
             if not prepared:
-                prepared.append(table.prepare_insert(parts, np.concatenate(priorities), durability))
+                prepare()
             return table.commit_insert(prepared[0], timeout=0, turn=turn)
 
         try:
+            if not arrival.clear():  # validate while the connection's earlier inserts get there
+                await self._run(prepare)
             result = await self._blocking(table, "insert", attempt, first.timeout_s, context,
                                           arrival=arrival, turn=turn)
         except BaseException:
