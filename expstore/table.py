@@ -33,7 +33,7 @@ from collections import Counter
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +64,7 @@ log = logging.getLogger("expstore.table")
 
 DEFAULT_VISIBILITY_TIMEOUT = 60.0
 MANIFESTS_IN_MEMORY = 10_000  # steps a volatile table remembers
+HOLD_S = 1.0  # the longest an engine thread waits for an earlier call of its connection
 # Samplers whose selections are i.i.d.: their rows may be returned in storage order.
 _UNORDERED = ("uniform", "prioritized")
 # Upper bounds (policy versions behind the table's) of the staleness counts in stats.
@@ -259,7 +260,10 @@ class Table:
         nothing was applied and the caller abandons it."""
         deadline = self._deadline(timeout)
         with self._turn(turn, "insert") as turn, self._cond:
+            line = self._lines["insert"]
             while True:
+                if self._held(line, turn, deadline):
+                    continue  # it waited: everything is checked again
                 self._check_open()
                 ids, new = self._dedup(prep.keys, prep.num_rows)
                 n_new = int(new.sum())
@@ -269,7 +273,6 @@ class Table:
                     prep.staged.clear()
                     return InsertResult(ids, 0, prep.num_rows, 0)
                 self._limiter.check_insert_batch(n_new)
-                line = self._lines["insert"]
                 if not line.first(turn):
                     why = f"{line.ahead_of(turn)} earlier inserts are waiting (first come, first served)"
                 elif self._limiter.can_insert(n_new):
@@ -404,6 +407,8 @@ class Table:
         with self._turn(turn, "sample") as turn, self._cond:
             line = self._lines["sample"]
             while True:
+                if self._held(line, turn, deadline):
+                    continue
                 self._check_open()
                 self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
                 if not line.first(turn):
@@ -1266,20 +1271,42 @@ class Table:
     def _deadline(self, timeout: float | None) -> float | None:
         return None if timeout is None else self._clock() + max(0.0, timeout)
 
-    def turn(self, op: str) -> Turn:
+    def turn(self, op: str, origin: Hashable | None = None) -> Turn:
         """A place in line for one ``"insert"`` or ``"sample"`` call made of several
         ``timeout=0`` attempts (the asyncio server): pass it to every attempt, and to
-        ``leave`` when the call ends, however it ends."""
+        ``leave`` when the call ends, however it ends. ``origin``: the client connection,
+        whose calls reach the table in the order they are handed to ``expect``."""
         if op not in self._lines:
             raise InvalidArgument(f"table {self.name!r}: no line for {op!r} calls")
-        return Turn(op)
+        return Turn(op, origin)
+
+    def expect(self, turn: Turn) -> None:
+        """Register a turn as its first attempt is handed to an engine thread, in the
+        order of its origin's calls (see turns.py). Never takes the table's lock: safe on
+        the server's event loop."""
+        self._lines[turn.op].expect(turn)
 
     def leave(self, turn: Turn) -> None:
-        """End a call's turn (idempotent); the call behind it, if any, is woken."""
+        """End a call's turn (idempotent; an attempt still running for it then never
+        joins the line); the call behind it, if any, is woken."""
         with self._cond:
-            if turn.line is not None and turn.line.leave(turn):
+            if self._lines[turn.op].leave(turn):
                 self._wake()
-            turn.done = True  # never joins later (an attempt still running for a cancelled call)
+
+    def _held(self, line: Line, turn: Turn, deadline: float | None) -> bool:
+        """Whether the call had to wait for an earlier call of its connection (lock held).
+
+        That call was handed to an engine thread before this one and is about to take
+        the lock: this thread waits for it (up to ``HOLD_S``) rather than overtake it or
+        go back to the event loop. After a wait, the caller checks everything again."""
+        held, released = line.reach(turn)
+        if released:
+            self._cond.notify_all()  # a held call of its connection may go on
+        if not held:
+            return False
+        if not self._cond.wait(HOLD_S):
+            self._wait(deadline, turn.op, f"an earlier {turn.op} of this connection has not reached the table")
+        return True
 
     @contextmanager
     def _turn(self, turn: Turn | None, op: str) -> Iterator[Turn]:

@@ -258,27 +258,17 @@ class Servicer:
                               else np.ones(data.num_rows))
         if first is None:
             raise InvalidArgument("an insert call must send at least one message")
-        prepared: list = []
-        turn = table.turn("insert")
-
-        def prepare():
-            prepared.append(table.prepare_insert(parts, np.concatenate(priorities), durability))
-
-        def attempt():  # validation and SSD writes run once, in the first commit's thread hop
-            if not prepared:
-                prepare()
-            return table.commit_insert(prepared[0], timeout=0, turn=turn)
-
+        # Validation and SSD writes first, overlapping the connection's other calls; the
+        # commit attempts then reach the table in the order the calls started.
+        prep = await self._run(table.prepare_insert, parts, np.concatenate(priorities), durability)
+        turn = table.turn("insert", context.peer())
         try:
-            if not arrival.clear():  # validate while the connection's earlier inserts get there
-                await self._run(prepare)
-            result = await self._blocking(table, "insert", attempt, first.timeout_s, context,
-                                          arrival=arrival, turn=turn)
+            result = await self._blocking(table, "insert", lambda: table.commit_insert(prep, timeout=0, turn=turn),
+                                          first.timeout_s, context, arrival=arrival, turn=turn)
         except BaseException:
-            if prepared:
-                await self._run(table.abandon_insert, prepared[0])
+            await self._run(table.abandon_insert, prep)
             raise
-        call.detail = f"rows={prepared[0].num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
+        call.detail = f"rows={prep.num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
                                  num_duplicates=result.num_duplicates, num_stale=result.num_stale)
 
@@ -289,7 +279,7 @@ class Servicer:
         arrival = self._arrivals.start(context.peer(), "sample")  # before any await: the call's start
         with arrival:
             table = self.store.table(request.table)
-            turn = table.turn("sample")
+            turn = table.turn("sample", context.peer())
             step = request.step if request.HasField("step") else None
             messages = await self._blocking(
                 table, "sample",
@@ -441,10 +431,12 @@ class Servicer:
         that had to wait is counted once in the table's ``<op>_waits`` stats.
 
         Inserts and samples keep one ``turn`` in the table's line across attempts (blocked
-        calls are admitted first come, first served) and make their first attempt only
-        once the earlier calls of their connection have made theirs (``arrival``). A
-        turn that cannot be admitted yet costs no thread hop; it leaves the line when
-        the call ends, however it ends."""
+        calls are admitted first come, first served). A call hands its first attempt to
+        an engine thread only after the earlier calls of its connection have handed
+        theirs (``arrival``), and registers it with the table (``expect``), which holds
+        an attempt that overtakes an earlier one of its connection on the way to the
+        lock. A turn that cannot be admitted yet costs no thread hop; it leaves the line
+        when the call ends, however it ends."""
         loop = asyncio.get_running_loop()
         signal = self._signals.get(table)
         if signal is None:
@@ -458,8 +450,10 @@ class Servicer:
             # Bounded by the RPC's deadline, not timeout_s: a call with timeout_s = 0 still
             # lets the calls its client started before it go first.
             if arrival is not None and not await arrival.wait(rpc_left):
-                raise DeadlineExceeded(f"table {table.name!r}: an earlier {op} of this connection had not "
-                                       f"reached the table before the call's deadline")
+                raise DeadlineExceeded(f"table {table.name!r}: an earlier {op} of this connection was still "
+                                       f"being received or validated at the call's deadline")
+            if turn is not None:
+                table.expect(turn)  # handed to a thread now, in the connection's order
             limit = max(0.0, timeout_s)
             remaining_rpc = context.time_remaining()
             if remaining_rpc is not None:
@@ -469,13 +463,13 @@ class Servicer:
             while True:
                 event = signal.event  # taken before the attempt: a change during it still wakes us
                 if turn is None or turn.may_try():
+                    future = loop.run_in_executor(self._pool, attempt)
+                    if arrival is not None:
+                        arrival.dispatched()  # the connection's next call may follow
                     try:
-                        return await self._run(attempt)
+                        return await future
                     except DeadlineExceeded as e:
                         blocked = e
-                    finally:
-                        if arrival is not None:
-                            arrival.reached()
                 if self.draining:
                     raise Unavailable("server is draining; retry on another server or after restart") from None
                 remaining = deadline - time.monotonic()

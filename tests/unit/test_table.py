@@ -734,6 +734,36 @@ def test_a_call_that_fails_once_admitted_wakes_the_next_in_line():
     assert small.finish().error is None and len(t) == 2
 
 
+def test_an_attempt_that_overtakes_an_earlier_call_of_its_connection_waits_for_it(monkeypatch):
+    """The server hands a connection's calls to engine threads in order (``expect``);
+    a thread that gets to the lock first waits for the earlier one instead of passing."""
+    t = make(sampler=SamplerSpec("fifo"))
+    first, second, other = (t.turn("insert", origin) for origin in ("peer-a", "peer-a", "peer-b"))
+    for turn in (first, second, other):
+        t.expect(turn)
+    late = Worker(lambda: t.commit_insert(t.prepare_insert(traj(1, "second")), timeout=0, turn=second))
+    late.start()
+    assert_blocked(late)  # held by ``first``, which has not got to the table yet
+    assert t.commit_insert(t.prepare_insert(traj(1, "other")), timeout=0, turn=other).item_ids.tolist() == [1]
+    assert t.commit_insert(t.prepare_insert(traj(1, "first")), timeout=0, turn=first).item_ids.tolist() == [2]
+    assert late.finish().result.item_ids.tolist() == [3]
+    # An earlier call that ends without getting there releases the ones behind it...
+    gone, waiting = t.turn("insert", "peer-a"), t.turn("insert", "peer-a")
+    t.expect(gone), t.expect(waiting)
+    w = Worker(lambda: t.commit_insert(t.prepare_insert(traj(1, "w")), timeout=0, turn=waiting))
+    w.start()
+    assert_blocked(w)
+    t.leave(gone)
+    assert w.finish().result.item_ids.tolist() == [4]
+    # ...and one that never comes holds them back for a bounded time only.
+    monkeypatch.setattr("expstore.table.HOLD_S", 0.05)
+    never, stuck = t.turn("insert", "peer-a"), t.turn("insert", "peer-a")
+    t.expect(never), t.expect(stuck)
+    with pytest.raises(DeadlineExceeded, match="earlier insert of this connection"):
+        t.commit_insert(t.prepare_insert(traj(1, "s")), timeout=0, turn=stuck)
+    assert len(t) == 4
+
+
 # --- staleness ---------------------------------------------------------------------------
 
 def staleness_table(**kw) -> tuple[Table, dict[int, list[int]]]:
