@@ -1318,7 +1318,8 @@ class Table:
         try:
             yield turn
         finally:
-            self.leave(turn)
+            if not turn.done:  # admitted calls have left already
+                self.leave(turn)
 
     @contextmanager
     def _admitted(self, line: Line, turn: Turn) -> Iterator[None]:

@@ -194,7 +194,7 @@ class _Start:
     async def start(self, make_call, timeout: float):
         """Start the call once the previous one has started and the channel is up."""
         if self._previous is not None and not self._previous.done():
-            await asyncio.wait((self._previous,))  # not cancelled if this call is
+            await asyncio.shield(self._previous)  # not cancelled if this call is
         deadline = time.monotonic() + timeout
         state = self._channel.get_state(try_to_connect=True)
         while state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):

@@ -12,6 +12,9 @@ ordered: receiving and validating the calls overlap. Calls of other connections 
 wait for it: a client that opens an insert and never finishes sending it holds back
 only its own later calls.
 
+Each call waits for the one started just before it on its connection, whose own turn
+comes only after all the earlier ones': O(1) per call.
+
 Concurrency: asyncio, on the server's event loop only (no locks).
 """
 
@@ -25,26 +28,38 @@ class Arrival:
     attempt to a thread, ``dispatched`` once it is handed (or when the call ends, however
     it ends; idempotent)."""
 
-    __slots__ = ("_handed", "_earlier", "_release")
+    __slots__ = ("_previous", "_turn", "_ended", "_passed")
 
-    def __init__(self, handed: asyncio.Future, earlier: list[asyncio.Future], release) -> None:
-        self._handed = handed
-        self._earlier = earlier
-        self._release = release
+    def __init__(self, previous: asyncio.Future | None, turn: asyncio.Future, ended) -> None:
+        self._previous = previous  # done once every earlier call has had its turn
+        self._turn = turn  # done once this call and every earlier one have had theirs
+        self._ended = ended
+        self._passed = False
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for the earlier calls; whether
         they all got there."""
-        pending = [f for f in self._earlier if not f.done()]
-        if pending:
-            timeout = None if timeout is None else max(timeout, 0.0)
-            _, pending = await asyncio.wait(pending, timeout=timeout)  # never cancels them
-        return not pending
+        previous = self._previous
+        if previous is None or previous.done():
+            return True
+        await asyncio.wait((previous,), timeout=None if timeout is None else max(timeout, 0.0))
+        return previous.done()  # asyncio.wait never cancels it
 
     def dispatched(self) -> None:
-        if not self._handed.done():
-            self._handed.set_result(None)
-            self._release(self._handed)
+        """This call has had its turn: the next one may go once the earlier ones have."""
+        if self._passed:
+            return
+        self._passed = True
+        previous = self._previous
+        if previous is None or previous.done():
+            self._finish()
+        else:  # ended before its turn (an error, a cancellation): pass it on in order
+            previous.add_done_callback(lambda _: self._finish())
+
+    def _finish(self) -> None:
+        if not self._turn.done():
+            self._turn.set_result(None)
+            self._ended(self._turn)
 
     def __enter__(self) -> "Arrival":
         return self
@@ -54,23 +69,19 @@ class Arrival:
 
 
 class Arrivals:
-    """The calls in flight per (connection, kind) that have not been handed to the engine."""
+    """Per (connection, kind), the turn of the call started last, until it is done."""
 
     def __init__(self) -> None:
-        self._pending: dict[tuple[str, str], list[asyncio.Future]] = {}
+        self._last: dict[tuple[str, str], asyncio.Future] = {}
 
     def start(self, peer: str, kind: str) -> Arrival:
-        """Register a call as it starts (before its first ``await``). O(calls in flight
-        on the connection)."""
+        """Register a call as it starts (before its first ``await``). O(1)."""
         key = (peer, kind)
-        pending = self._pending.setdefault(key, [])
-        handed = asyncio.get_running_loop().create_future()
-        arrival = Arrival(handed, list(pending), lambda f: self._done(key, f))
-        pending.append(handed)
-        return arrival
+        turn = asyncio.get_running_loop().create_future()
+        previous = self._last.get(key)
+        self._last[key] = turn
+        return Arrival(previous, turn, lambda f: self._done(key, f))
 
-    def _done(self, key: tuple[str, str], handed: asyncio.Future) -> None:
-        pending = self._pending[key]
-        pending.remove(handed)
-        if not pending:
-            del self._pending[key]
+    def _done(self, key: tuple[str, str], turn: asyncio.Future) -> None:
+        if self._last.get(key) is turn:  # no later call on the connection: forget it
+            del self._last[key]
