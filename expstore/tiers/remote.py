@@ -18,9 +18,13 @@ A checkpoint copies one version into a dataset of its own: its data files (hard 
 or server-side copies: Lance never rewrites a file) and one commit (``version_files``,
 ``clone``), while ``hold`` keeps the cleanup away from them.
 
-Any network or endpoint failure raises ``Unavailable`` naming the URI, so callers retry
-with backoff and health can report degraded; after one, the tier re-reads the latest
-version before its next write (the failed commit may have landed).
+Opening is lazy: the constructor does no I/O, the first call reads the dataset's chunk
+map, so a server starts whether or not the remote tier is reachable. Any network or
+endpoint failure raises ``Unavailable`` naming the URI, so callers retry with backoff and
+health can report degraded (``error``); after one, the tier re-reads the latest version
+before its next write (the failed commit may have landed), and for ``RETRY_S`` reads fail
+at once instead of waiting out the client's own retries again. ``probe`` is the mover's
+way back: it reaches the tier and clears ``error``.
 
 Verification: Lance files carry no checksums, so ``put`` reads the new fragment back,
 checks it equals what was written, and returns a CRC32 per column of it; the caller keeps
@@ -137,11 +141,13 @@ class RemoteTier:
 
     ``put`` is one commit (a data file and a manifest: two PUTs on S3, O(fragments) manifest
     bytes). ``get`` is one fragment read per chunk, up to READERS at a time. ``delete`` is
-    one commit. Opening reads the two internal columns of every fragment (tiny, constant)."""
+    one commit. Opening (on first use) reads the two internal columns of every fragment
+    (tiny, constant)."""
 
     name = "remote"
     READERS = 8                      # concurrent fragment reads in one ``get``
     RETAIN = timedelta(minutes=10)   # old versions (and dropped fragments' files) are kept this long
+    RETRY_S = 5.0                    # after a failure, reads fail at once for this long
 
     def __init__(self, uri: str, table: str, *, storage_options: dict | None = None, budget: int = 2**62) -> None:
         self.key = dataset_key(table)
@@ -155,15 +161,17 @@ class RemoteTier:
         self.unreadable: dict[int, str] = {}   # fragment id -> why its chunk id could not be read
         self._nbytes = 0
         self._stale = False                    # a write failed: its commit may have landed
+        self._opened = False                   # the chunk map has been read once
+        self.error: str | None = None          # the last failure to reach the tier, until a call succeeds
+        self._failed_at = 0.0
         self._cleaned = time.monotonic()
         self._holds = 0                        # while > 0, no version's files are cleaned up
         self._pool = ThreadPoolExecutor(self.READERS, thread_name_prefix="remote-tier")
-        with _unavailable(f"remote tier {self.uri}"):
-            self._sync()
 
     @property
     def nbytes(self) -> int:
         """Arrow buffer bytes of the chunks held, as they were put (the memory tier's measure)."""
+        self._open()
         return self._nbytes
 
     @property
@@ -171,19 +179,60 @@ class RemoteTier:
         return self._budget
 
     def __len__(self) -> int:
+        self._open()
         return len(self._fragments)
 
     def __contains__(self, chunk_id: int) -> bool:
+        self._open()
         return chunk_id in self._fragments
 
     def size_of(self, chunk_id: int) -> int:
+        self._open()
         return self._sizes[chunk_id]
 
     def chunk_ids(self) -> list[int]:
+        """Every chunk the dataset holds (a listing: for DropTable and tools, not for start-up)."""
+        self._open()
         return list(self._fragments)
+
+    @property
+    def ready(self) -> bool:
+        """The tier has been reached and its last call succeeded."""
+        return self._opened and self.error is None
+
+    def probe(self) -> None:
+        """Reach the tier (open it, or re-read its latest version after a failure); raises
+        Unavailable while it cannot be reached. Clears ``error`` when it succeeds."""
+        with self._io("probe"):
+            if self._opened:
+                self._stale = True
+                self._sync()
 
     def close(self) -> None:
         self._pool.shutdown()
+
+    def _open(self) -> None:
+        if not self._opened:
+            with self._io("open"):
+                pass
+
+    @contextmanager
+    def _io(self, what: str, *, fail_fast: bool = False) -> Iterator[None]:
+        """Open the tier if need be and map failures to reach it to Unavailable, kept in
+        ``error`` until a call succeeds; ``fail_fast`` (reads) raises at once within
+        RETRY_S of a failure instead of waiting for the client's own retries again."""
+        if fail_fast and self.error is not None and time.monotonic() - self._failed_at < self.RETRY_S:
+            raise Unavailable(f"{self.error} (retried in the background)")
+        try:
+            with _unavailable(f"remote tier {self.uri}: {what}"):
+                if not self._opened:
+                    self._sync()
+                    self._opened = True
+                yield
+        except Unavailable as e:
+            self.error, self._failed_at = str(e), time.monotonic()
+            raise
+        self.error = None
 
     def _sync(self) -> None:
         """Point at the latest version (if the dataset exists yet) and bring the chunk ->
@@ -243,7 +292,7 @@ class RemoteTier:
 
     @contextmanager
     def _writing(self, what: str) -> Iterator[None]:
-        with _unavailable(f"remote tier {self.uri}: {what}"):
+        with self._io(what):
             if self._stale:
                 self._sync()
             try:
@@ -258,9 +307,10 @@ class RemoteTier:
         (the fragment is dropped again). Chunk ids are never reused, so putting a held id
         again only checks it: a put retried after ``Unavailable`` whose first attempt landed
         (FailedPrecondition if it holds other rows)."""
+        self._open()
         held = chunk_id in self._fragments
         self._write(chunk_id, batch)
-        with _unavailable(f"remote tier {self.uri}: read back chunk {chunk_id}"):
+        with self._io(f"read back chunk {chunk_id}"):
             try:
                 stored = self._checked_read(self._ds, chunk_id, self._fragments[chunk_id], None, None)
             except DataLoss:
@@ -302,17 +352,17 @@ class RemoteTier:
         ``put`` returned; ``.get`` is all it needs) each is verified: DataLoss names the
         first damaged chunk and its ``damage`` every damaged chunk read."""
         ids = list(dict.fromkeys(chunk_ids))
-        for c in ids:
-            if c not in self._fragments:
-                raise NotFound(f"chunk {c} is not in the remote tier {self.uri}")
-        ds = self._ds
+        with self._io(f"get {len(ids)} chunks", fail_fast=True):
+            for c in ids:
+                if c not in self._fragments:
+                    raise NotFound(f"chunk {c} is not in the remote tier {self.uri}")
+            ds = self._ds
 
-        def read(c: int) -> pa.RecordBatch | DataLoss:
-            try:
-                return self._checked_read(ds, c, self._fragments[c], None, checksums)
-            except DataLoss as e:
-                return e
-        with _unavailable(f"remote tier {self.uri}: get {len(ids)} chunks"):
+            def read(c: int) -> pa.RecordBatch | DataLoss:
+                try:
+                    return self._checked_read(ds, c, self._fragments[c], None, checksums)
+                except DataLoss as e:
+                    return e
             out = list(self._pool.map(read, ids) if len(ids) > 1 else map(read, ids))
         damaged = [e for e in out if isinstance(e, DataLoss)]
         if damaged:
@@ -352,10 +402,13 @@ class RemoteTier:
 
     def delete(self, chunk_ids: Iterable[int]) -> None:
         """Drop the chunks' fragments in one commit; unknown ids are ignored."""
-        ids = [c for c in dict.fromkeys(chunk_ids) if c in self._fragments]
-        if not ids:
+        chunk_ids = list(dict.fromkeys(chunk_ids))
+        if not chunk_ids:
             return
-        with self._writing(f"delete {len(ids)} chunks"):
+        with self._writing(f"delete {len(chunk_ids)} chunks"):
+            ids = [c for c in chunk_ids if c in self._fragments]
+            if not ids:
+                return
             op = lance.LanceOperation.Delete([], [self._fragments[c] for c in ids],
                                              f"_chunk IN ({', '.join(map(str, ids))})")
             self._ds = lance.LanceDataset.commit(self._ds, op, read_version=self._ds.version)
@@ -424,15 +477,15 @@ class RemoteTier:
         With ``checksums`` (as for ``get``) the scan is verified instead: each fragment's
         columns are read whole and checked, no filter is pushed down (the caller filters),
         chunks in ``skip`` are left out, and a damaged fragment raises DataLoss naming it."""
-        if self._ds is None:
-            return pa.RecordBatchReader.from_batches(pa.schema([]), [])
-        if columns is None:
-            columns = self._schema.names + (["_chunk"] if with_chunk else [])
-        if checksums is not None:
-            if filter is not None:
-                raise InvalidArgument("a verified scan pushes no filter down")
-            return self._verified_scan(columns, checksums, skip)
-        with _unavailable(f"remote tier {self.uri}: scan"):
+        with self._io("scan", fail_fast=True):
+            if self._ds is None:
+                return pa.RecordBatchReader.from_batches(pa.schema([]), [])
+            if columns is None:
+                columns = self._schema.names + (["_chunk"] if with_chunk else [])
+            if checksums is not None:
+                if filter is not None:
+                    raise InvalidArgument("a verified scan pushes no filter down")
+                return self._verified_scan(columns, checksums, skip)
             return self._ds.scanner(columns=columns, filter=filter).to_reader()
 
     def _verified_scan(self, columns: list[str], checksums, skip) -> pa.RecordBatchReader:

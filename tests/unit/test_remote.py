@@ -249,21 +249,31 @@ def test_a_down_endpoint_is_unavailable_until_it_is_back():
     s3.stop()
     with pytest.raises(Unavailable, match=f"remote tier {uri}"):
         tier.get([0])
+    assert not tier.ready and tier.error.startswith(f"remote tier {uri}")
+    with pytest.raises(Unavailable, match="retried in the background"):  # reads now fail at once
+        tier.get([0])
     with pytest.raises(Unavailable, match=f"remote tier {uri}"):
         tier.put(1, chunk(2))
+    closed = RemoteTier(uri, "t", storage_options=options)  # opening is lazy: no I/O ...
+    with pytest.raises(Unavailable, match=f"remote tier {uri}/tables/t.lance: probe"):  # ... until the first call
+        closed.probe()
     with pytest.raises(Unavailable, match=f"remote tier {uri}"):
-        RemoteTier(uri, "t", storage_options=options)
+        len(closed)
     with pytest.raises(Unavailable, match=f"remote store {uri}: check"):
         store.check()
-    assert len(tier) == 1  # the failed put did not count
+    with pytest.raises(Unavailable, match=f"remote tier {uri}/tables/t.lance: probe"):
+        tier.probe()
     back = s3server.start(int(s3.endpoint.rsplit(":", 1)[1]))
     try:
         store.check()
+        tier.probe()
+        assert tier.ready and tier.error is None
+        assert len(tier) == 1  # the failed put did not count
         tier.put(1, chunk(2, seed=1))  # the retry
         assert same(tier.get([1])[1], chunk(2, seed=1))
-        again = RemoteTier(uri, "t", storage_options=options)
-        assert (len(again), again.nbytes) == (2, tier.nbytes)
-        again.close()
+        closed.probe()
+        assert (len(closed), closed.nbytes) == (2, tier.nbytes)
+        closed.close()
     finally:
         back.stop()
         tier.close()
