@@ -1,8 +1,9 @@
 """A durable table's log of state changes, and its snapshots.
 
 Every change to a table's index (inserts, removals, samples, priority and version
-updates, compactions, stream deliveries and acks, cuts) is appended as one record under
-the table lock, so the log order is the order the changes were applied. A restart loads
+updates, compactions, moves to the remote tier, stream deliveries and acks, cuts) is
+appended as one record under the table lock, so the log order is the order the changes
+were applied. A restart loads
 the latest snapshot and replays the records after it (``Table.restore``). Records hold
 effects, not requests: "these ids were sampled", never "sample 256", so replay needs no
 randomness. Once the records since the last snapshot outweigh it, the table writes a new

@@ -3,8 +3,11 @@
 Durable tables write every chunk through to the SSD tier before it is acknowledged, so
 the memory tier is a cache: over its budget it drops the oldest resident chunks, which
 costs no write. Over the SSD budget, the oldest chunks move to the remote tier (a
-background mover, ``demotion_candidates`` / ``demoted``). Reads are planned under the
-table lock and done outside it: ``plan`` takes the resident batches and *pins* the rest,
+background mover, ``demotion_candidates`` / ``demoted``). The remote tier is never
+touched under the table lock: chunks freed there are queued (``garbage``) for the mover to
+delete, and what the remote tier holds is known from the table's journal (``state``,
+``replay_demoted``), so a restart needs no listing and starts while the tier is down.
+Reads are planned under the table lock and done outside it: ``plan`` takes the resident batches and *pins* the rest,
 ``fetch`` reads SSD blocks in one multi-get and remote chunks as whole fragments, and
 ``finish`` unpins them (promoting fetched remote chunks into memory). A chunk freed while
 pinned is deleted when its last reader finishes. Volatile tables (memory only) keep the
@@ -20,7 +23,6 @@ stays on the SSD (``undemotable``) with its healthy items.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from .errors import DataLoss, NotFound
 from .tiers.checksums import RemoteChecksums
 from .tiers.memory import MemoryTier
 from .tiers.rocks import RocksTier
@@ -43,6 +46,7 @@ class Staged:
     batch: pa.RecordBatch
     offsets: np.ndarray | None = None
     stored_bytes: int = 0
+    volatile: bool = False  # written without the write-ahead log (durability "memory")
 
 
 @dataclass
@@ -61,8 +65,13 @@ class Placement:
         self.checksums = checksums  # of the remote chunks (with a remote tier)
         self.undemotable: set[int] = set()  # chunks with a damaged SSD block
         self.ssd_budget = ssd_budget
-        self._ids = itertools.count(first_chunk)
-        self._remote_chunks: set[int] = set()
+        self._next_chunk = first_chunk
+        self._id_lock = threading.Lock()  # ids are allocated outside the table lock
+        self._remote: dict[int, tuple[int, int]] = {}  # chunk -> (rows, Arrow bytes) on the remote tier
+        self._remote_nbytes = 0
+        self._garbage: set[int] = set()  # freed remote chunks, for the mover to delete
+        self._volatile: set[int] = set()  # chunks written at durability "memory"
+        self.legacy = False  # restored from a journal that did not record demotions
         self.remote_lock = threading.Lock()  # the remote tier is used outside the table lock
         self._pins: Counter[int] = Counter()
         self._doomed: set[int] = set()
@@ -74,15 +83,19 @@ class Placement:
 
     def reserve_ids(self, first: int) -> None:
         """New chunk ids start at ``first`` or later (after a restart)."""
-        if self.remote is not None:
-            first = max([first, *(c + 1 for c in self.remote.chunk_ids())])
-        self._ids = itertools.count(first)
+        with self._id_lock:
+            self._next_chunk = max(self._next_chunk, first)
+
+    def _new_id(self) -> int:
+        with self._id_lock:
+            self._next_chunk += 1
+            return self._next_chunk - 1
 
     # -- writes -------------------------------------------------------------------------
 
     def stage(self, batch: pa.RecordBatch, durability: str) -> Staged:
         """Allocate a chunk id and write the chunk to the SSD tier (no lock needed)."""
-        staged = Staged(next(self._ids), batch)
+        staged = Staged(self._new_id(), batch, volatile=durability == "memory")
         if self.ssd is not None:
             self.ssd.db.check_free_space()
             wb, staged.offsets, staged.stored_bytes = self.ssd.encode(staged.chunk_id, batch)
@@ -94,20 +107,79 @@ class Placement:
         if self.ssd is not None:
             self.ssd.commit_put(staged.chunk_id, staged.offsets, staged.stored_bytes,
                                 staged.batch.get_total_buffer_size(), staged.batch.schema)
+            if staged.volatile:
+                self._volatile.add(staged.chunk_id)
             self.evict()
 
+    # -- restart ------------------------------------------------------------------------
+
+    def state(self) -> dict[str, np.ndarray | int]:
+        """What a journal snapshot keeps of the placement: the chunks on the remote tier
+        (with rows and Arrow bytes), those queued for deletion there, the chunks written
+        without the write-ahead log, and an id above every chunk allocated so far."""
+        with self._id_lock:
+            next_chunk = self._next_chunk
+        remote = sorted(self._remote)
+        return {"remote_chunks": np.array(remote, np.int64),
+                "remote_rows": np.array([self._remote[c][0] for c in remote], np.int64),
+                "remote_nbytes": np.array([self._remote[c][1] for c in remote], np.int64),
+                "remote_garbage": np.array(sorted(self._garbage), np.int64),
+                "volatile_chunks": np.array(sorted(self._volatile), np.int64),
+                "next_chunk": next_chunk}
+
+    def load_state(self, s: dict) -> None:
+        """Restore ``state`` from a snapshot (one written before ``state`` existed marks
+        the placement ``legacy``)."""
+        if "next_chunk" not in s:
+            self.legacy = True
+            return
+        self.replay_demoted(s["remote_chunks"], s["remote_rows"], s["remote_nbytes"])
+        self._garbage.update(s["remote_garbage"].tolist())
+        self._volatile.update(s["volatile_chunks"].tolist())
+        self.reserve_ids(int(s["next_chunk"]))
+
+    def replay_written(self, chunk_ids, durability: str | None) -> None:
+        """A journal record wrote ``chunk_ids`` at ``durability`` (None: a record from
+        before durabilities were recorded, which marks the placement ``legacy``)."""
+        ids = [c for c in np.asarray(chunk_ids, np.int64).tolist() if c >= 0]
+        if durability is None:
+            self.legacy = True
+        elif durability == "memory":
+            self._volatile.update(ids)
+        if ids:
+            self.reserve_ids(max(ids) + 1)
+
+    def replay_demoted(self, chunk_ids, rows, nbytes) -> None:
+        """A journal record moved ``chunk_ids`` to the remote tier."""
+        for c, r, b in zip(np.asarray(chunk_ids).tolist(), np.asarray(rows).tolist(), np.asarray(nbytes).tolist()):
+            self._track_remote(c, r, b)
+            self._volatile.discard(c)
+        if len(chunk_ids):
+            self.reserve_ids(int(max(chunk_ids)) + 1)
+
     def adopt(self, chunk_ids: list[int]) -> tuple[list[int], dict[int, str]]:
-        """After a restart: take over the chunks the index references. Returns the ids
-        found in no tier (inserted with durability ``memory`` before a crash) and the
-        damaged ones, id -> why: SSD metadata that fails its checksum, or a remote chunk
-        whose checksums are recorded but whose fragment is gone or does not decode."""
+        """After a restart (and the replay of the journal): take over the chunks the index
+        references from the SSD tier, or the remote tier where the journal put them (a
+        chunk on both, after a crash between a demotion's record and its SSD delete, is
+        read from the SSD and its remote copy deleted). Returns the ids found in neither
+        and the damaged ones, id -> why (SSD metadata that fails its checksum). No remote
+        I/O, but for a ``legacy`` journal, whose demotions are known only by listing the
+        remote tier (then a chunk with checksums but no readable fragment is damaged)."""
         damaged: dict[int, str] = {}
         missing = self.ssd.load(chunk_ids, damaged) if self.ssd is not None else list(chunk_ids)
-        if missing and self.remote is not None:
-            known = set(self.remote.chunk_ids())
-            on_remote = [c for c in missing if c in known]
-            self._remote_chunks.update(on_remote)
-            missing = sorted(set(missing) - set(on_remote))
+        self._forget_remote([c for c in chunk_ids if c in self._remote and c not in missing and c not in damaged])
+        moved = [c for c in damaged if c in self._remote]  # a damaged SSD copy: the remote one serves
+        for c in moved:
+            del damaged[c]
+        if moved:
+            self.ssd.delete(moved)
+        missing = [c for c in missing if c not in self._remote]
+        if missing and self.legacy and self.remote is not None:
+            listed = set(self.remote.chunk_ids())
+            for c in [c for c in missing if c in listed]:
+                self._track_remote(c, 0, self.remote.size_of(c))
+            self.reserve_ids(max(listed, default=-1) + 1)
+            missing = [c for c in missing if c not in listed]
             unreadable = "; ".join(f"fragment {f}: {why}" for f, why in self.remote.unreadable.items())
             for c in missing:
                 if self.checksums is not None and c in self.checksums:
@@ -116,12 +188,29 @@ class Placement:
             missing = [c for c in missing if c not in damaged]
         return missing, damaged
 
+    def volatile(self, chunk_ids: list[int]) -> list[int]:
+        """The chunks among ``chunk_ids`` written without the write-ahead log."""
+        return [c for c in chunk_ids if c in self._volatile]
+
+    def remote_chunks(self) -> list[int]:
+        """Chunks on the remote tier (not those queued for deletion)."""
+        return list(self._remote)
+
+    def remote_size(self, chunk_id: int) -> tuple[int, int]:
+        """(rows, Arrow bytes) of a chunk on the remote tier; rows 0 if unknown (legacy)."""
+        return self._remote[chunk_id]
+
+    def _track_remote(self, chunk_id: int, rows: int, nbytes: int) -> None:
+        if chunk_id not in self._remote:
+            self._remote[chunk_id] = (rows, nbytes)
+            self._remote_nbytes += nbytes
+
     def unverified(self) -> list[int]:
         """Remote chunks without recorded checksums (demoted by a version that kept none):
         read as they are."""
         if self.checksums is None:
             return []
-        return [c for c in self._remote_chunks if c not in self.checksums]
+        return [c for c in self._remote if c not in self.checksums]
 
     def pin(self, chunk_ids: list[int]) -> None:
         """Keep chunks readable outside the table lock until ``unpin``."""
@@ -147,13 +236,25 @@ class Placement:
         self.memory.delete(chunk_ids)
         if self.ssd is not None:  # staged chunks are on disk before the tier knows them
             self.ssd.delete(chunk_ids)
-        remote = [c for c in chunk_ids if c in self._remote_chunks]
-        if remote:
-            self._remote_chunks.difference_update(remote)
-            with self.remote_lock:
-                self.remote.delete(remote)
-            self.checksums.delete(remote)
+        self._volatile.difference_update(chunk_ids)
+        self._forget_remote([c for c in chunk_ids if c in self._remote])
         self.undemotable.difference_update(chunk_ids)
+
+    def _forget_remote(self, chunk_ids: list[int]) -> None:
+        """Chunks the table no longer reads from the remote tier: queued for deletion there."""
+        for c in chunk_ids:
+            self._remote_nbytes -= self._remote.pop(c)[1]
+        if chunk_ids:
+            self._garbage.update(chunk_ids)
+            self.checksums.delete(chunk_ids)
+
+    def garbage(self) -> list[int]:
+        """Chunks freed on the remote tier, to delete there (outside the table lock)."""
+        return sorted(self._garbage)
+
+    def collected(self, chunk_ids: list[int]) -> None:
+        """The mover deleted ``chunk_ids`` from the remote tier."""
+        self._garbage.difference_update(chunk_ids)
 
     def evict(self) -> None:
         """Drop the oldest resident chunks while memory is over budget (durable tables:
@@ -173,7 +274,7 @@ class Placement:
 
     def home(self, chunk_id: int) -> str:
         """The durable tier holding a chunk: ssd or remote."""
-        return "remote" if chunk_id in self._remote_chunks else "ssd"
+        return "remote" if chunk_id in self._remote else "ssd"
 
     def plan(self, chunks: np.ndarray, rows: np.ndarray) -> ReadPlan:
         unique = np.unique(chunks).tolist()
@@ -190,10 +291,10 @@ class Placement:
         batches = {-1 - c: b for c, b in plan.resident.items()}
         if not plan.pinned:
             return batches, keys, rows
-        remote = [c for c in plan.pinned if c in self._remote_chunks]
+        remote = [c for c in plan.pinned if c in self._remote]
         if remote:
             with self.remote_lock:
-                plan.fetched = self.remote.get(remote, self.checksums)
+                plan.fetched = self._get_remote(remote)
             batches.update({-1 - c: b for c, b in plan.fetched.items()})
         on_ssd = np.isin(plan.chunks, [c for c in plan.pinned if c not in plan.fetched])
         if on_ssd.any():
@@ -216,14 +317,35 @@ class Placement:
         """Whole chunks, read under the caller's lock (compaction of resident chunks)."""
         out = {c: self.memory.get_one(c) for c in chunk_ids if c in self.memory}
         rest = [c for c in chunk_ids if c not in out]
-        remote = [c for c in rest if c in self._remote_chunks]
+        remote = [c for c in rest if c in self._remote]
         if remote:
             with self.remote_lock:
-                out.update(self.remote.get(remote, self.checksums))
-        ssd = [c for c in rest if c not in self._remote_chunks]
+                out.update(self._get_remote(remote))
+        ssd = [c for c in rest if c not in self._remote]
         if ssd:
             out.update(self.ssd.get(ssd))
         return out
+
+    def _get_remote(self, chunk_ids: list[int]) -> dict[int, pa.RecordBatch]:
+        """Read chunks the journal put on the remote tier (remote_lock held): one the tier
+        does not hold is lost (``lost_remote``)."""
+        try:
+            return self.remote.get(chunk_ids, self.checksums)
+        except NotFound:
+            raise self.lost_remote(chunk_ids) from None
+
+    def lost_remote(self, chunk_ids: list[int]) -> DataLoss | None:
+        """DataLoss naming the chunks among ``chunk_ids`` (put on the remote tier, as the
+        journal says) that the reachable tier does not hold, for the table to quarantine
+        their items; None if it holds them all (remote_lock held)."""
+        gone = [c for c in chunk_ids if c not in self.remote]
+        if not gone:
+            return None
+        undecodable = "; ".join(f"fragment {f}: {why}" for f, why in self.remote.unreadable.items())
+        return DataLoss(f"remote tier {self.remote.uri}: chunk{'s' if len(gone) > 1 else ''} "
+                        f"{', '.join(map(str, gone))} moved there {'have' if len(gone) > 1 else 'has'} no readable "
+                        f"fragment" + (f" (undecodable: {undecodable})" if undecodable else ""),
+                        damage={c: None for c in gone})
 
     # -- demotion to the remote tier ----------------------------------------------------
 
@@ -244,12 +366,20 @@ class Placement:
         self._pins.update(chosen)
         return chosen
 
-    def demoted(self, chunk_ids: list[int], ok: bool, checksums: dict[int, np.ndarray] | None = None) -> None:
-        """The mover wrote ``chunk_ids`` to the remote tier (ok), with their ``checksums``
-        (recorded before the SSD copies go), or failed to."""
-        if ok:
+    def demotion_record(self, chunk_ids: list[int], rows: list[int]) -> dict[str, np.ndarray]:
+        """The journal fields of a demotion: what a restart needs to account for the
+        chunks without asking the remote tier (``replay_demoted``)."""
+        return {"chunks": np.array(chunk_ids, np.int64), "rows": np.array(rows, np.int64),
+                "nbytes": np.array([self.ssd.size_of(c) for c in chunk_ids], np.int64)}
+
+    def demoted(self, chunk_ids: list[int], record: dict[str, np.ndarray] | None,
+                checksums: dict[int, np.ndarray] | None = None) -> None:
+        """The mover wrote ``chunk_ids`` to the remote tier, with their ``checksums``, and
+        logged ``record``; or failed to (None): the chunks stay on the SSD. The SSD copies
+        go last, after the checksums are recorded."""
+        if record is not None:
             self.checksums.put(checksums or {})
-            self._remote_chunks.update(chunk_ids)
+            self.replay_demoted(record["chunks"], record["rows"], record["nbytes"])
             self.ssd.delete(chunk_ids)
             self.counters["demotions"] += len(chunk_ids)
         self.unpin(chunk_ids)
@@ -263,7 +393,7 @@ class Placement:
             s.update(ssd_bytes=self.ssd.stored_nbytes, ssd_arrow_bytes=self.ssd.nbytes,
                      ssd_budget_bytes=self.ssd_budget, ssd_chunks=len(self.ssd))
         if self.remote is not None:
-            s.update(remote_bytes=self.remote.nbytes, remote_chunks=len(self._remote_chunks))
+            s.update(remote_bytes=self._remote_nbytes, remote_chunks=len(self._remote))
         for k in ("evictions", "promotions", "prefetched", "demotions", "demotion_failures"):
             s[k] = self.counters[k]
         return s

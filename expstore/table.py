@@ -352,8 +352,8 @@ class Table:
         keys = [prep.keys[i] for i in new_rows.tolist()] if prep.keys is not None else None
         new_ids = np.arange(self._index.next_id, self._index.next_id + n_new, dtype=np.uint64)
         if self._journal is not None:  # logged first: a failed write changes nothing
-            self._log("insert", durability, ids=new_ids, stored=store[new_rows], keys=keys,
-                      groups=None if groups is None else groups.to_pylist(),
+            self._log("insert", durability, insert_durability=durability, ids=new_ids, stored=store[new_rows],
+                      keys=keys, groups=None if groups is None else groups.to_pylist(),
                       tasks=None if tasks is None else tasks.to_pylist(),
                       victims=self._index["id"][victims], **rows)
         # From here on the insert is applied whole.
@@ -685,35 +685,57 @@ class Table:
             return {"position": g.position, "inflight": len(g.inflight_ids)}
 
     def demote(self) -> int:
-        """Move the oldest SSD chunks to the remote tier while the SSD is over its
-        watermark (one pass, about 64 MiB; the store's mover calls it). The upload runs
-        outside the lock, the chunks pinned. Returns the chunks moved; raises Unavailable
-        when the remote tier is down (the chunks stay on the SSD: nothing is lost)."""
+        """One pass of the store's mover over the remote tier: reach it if it was never
+        reached or its last call failed (quarantining the items of chunks it turns out not
+        to hold), delete the chunks freed there, then move the
+        oldest SSD chunks down while the SSD is over its watermark (about 64 MiB), each
+        move logged before the SSD copy is deleted. Remote I/O runs outside the table
+        lock, the chunks pinned. Returns the chunks moved; raises Unavailable when the
+        remote tier is down (the chunks stay on the SSD, freed ones queued: nothing is
+        lost)."""
         placement = self._chunks.placement
         with self._cond:
-            if self._closed:
+            if self._closed or placement.remote is None:
                 return 0
-            chosen = placement.demotion_candidates()
+            garbage, known = placement.garbage(), placement.remote_chunks()
+        lost = None
+        with placement.remote_lock:
+            if not placement.remote.ready:  # (re)reached: does it hold what the journal put there?
+                placement.remote.probe()
+                lost = placement.lost_remote(known)
+            if garbage:
+                placement.remote.delete(garbage)
+        with self._cond:
+            placement.collected(garbage)
+            if lost is not None:
+                self._quarantine_damage(lost)
+            chosen = [] if self._closed else placement.demotion_candidates()
         if not chosen:
             return 0
-        ok, damaged, checksums = False, None, {}
+        record, damaged, checksums = None, None, {}
         try:
             try:
                 batches = placement.ssd.get(chosen)
             except DataLoss as e:  # the chunks stay on the SSD; the others move next pass
                 damaged = e
                 return len(chosen)
-            with placement.remote_lock:
+            with placement.remote_lock:  # DropTable's purge takes it after closing the table
                 for c in chosen:
+                    if self._closed:
+                        return 0
                     checksums[c] = placement.remote.put(c, batches[c])
-            ok = True
+            with self._cond:
+                if not self._closed:  # (a dropped table's journal is gone)
+                    done = placement.demotion_record(chosen, [batches[c].num_rows for c in chosen])
+                    self._log("demote", **done)
+                    record = done
         finally:
             with self._cond:
-                placement.demoted(chosen, ok, checksums)
+                placement.demoted(chosen, record, checksums)
                 if damaged is not None:
                     placement.undemotable.update(damaged.damage)
                     self._quarantine_damage(damaged)
-                elif not ok:
+                elif record is None:
                     placement.counters["demotion_failures"] += 1
         return len(chosen)
 
@@ -758,16 +780,18 @@ class Table:
         return len(chosen)
 
     def purge(self) -> None:
-        """Delete everything the table stored (DropTable of a durable table; after close)."""
+        """Delete everything the table stored (DropTable of a durable table; after close).
+        The remote tier goes first, every fragment of the table's datasets (those a crash
+        left unrecorded too): if it is down, Unavailable leaves the table whole."""
+        placement = self._chunks.placement
+        with placement.remote_lock:
+            for tier in self.remote_tiers():
+                tier.delete(tier.chunk_ids())
         with self._cond:
             self._journal.drop()
             RemoteChecksums(self.storage.db, self.storage.table_id).drop()  # of every kind
-            placement = self._chunks.placement
             placement.delete(list(self._chunks._live))
             placement.delete(placement.ssd.stored_chunks())
-            if self._archive is not None:
-                with placement.remote_lock:
-                    self._archive.tier.delete(self._archive.tier.chunk_ids())
 
     def _new_group(self, group: str, start: str) -> ConsumerGroup:
         """A consumer group reading from the earliest item or after the newest (lock held)."""
@@ -910,8 +934,8 @@ class Table:
         return pa.RecordBatchReader.from_batches(schema, [pa.RecordBatch.from_arrays(arrays, schema=schema)])
 
     def remote_tiers(self) -> list:
-        """The table's remote tiers (its chunks', its archive's), for checkpoints: their
-        state (``version``, ``hold``) only while holding ``remote_lock``."""
+        """The table's remote tiers (its chunks', its archive's), for checkpoints and
+        DropTable: their state (``version``, ``hold``) only while holding ``remote_lock``."""
         tiers = [self._chunks.placement.remote, self._archive.tier if self._archive is not None else None]
         return [t for t in tiers if t is not None]
 
@@ -1385,16 +1409,18 @@ class Table:
             next_id=ix.next_id, policy_version=self.policy_version, touches=self._touches,
             limiter=self._limiter.state(),
             consumers=[g.to_dict(self._clock()) for g in self._consumers.values()],
-            **self._quarantine.to_fields())
+            **self._quarantine.to_fields(), **self._chunks.placement.state())
         if self._keys is not None:
             fields["removed_keys"], fields["removed_ids"] = self._keys.removed()
         self._journal.write_snapshot(fields)
 
     def restore(self) -> dict[str, int]:
         """Rebuild a durable table from its journal after a restart: the latest snapshot,
-        then every record after it, then the chunks the items reference. Items whose
-        chunk is in no tier (acknowledged at durability ``memory`` before a crash) are
-        dropped and counted. Returns what was restored."""
+        then every record after it, then the chunks the items reference (from the SSD, or
+        the remote tier where the journal's demotions put them: no remote I/O). Items
+        whose chunk is in no tier are dropped and counted if they were acknowledged at
+        durability ``memory`` before a crash; if they were acknowledged at ``wal`` or
+        ``fsync``, DataLoss is raised and nothing is dropped. Returns what was restored."""
         with self._cond:
             snapshot, records = self._journal.load()
             self._replaying = True
@@ -1408,6 +1434,8 @@ class Table:
             finally:
                 self._replaying = False
             lost = self._adopt_chunks()
+            if self._chunks.placement.legacy:  # record the demotions: the next start needs no listing
+                self._write_snapshot()
             self.counters.clear()  # stats count what this process did; replay is not that
             return {"items": len(self._index), "records": n, "lost": lost, "quarantined": len(self._quarantine)}
 
@@ -1440,6 +1468,7 @@ class Table:
         now = self._clock()
         self._consumers = {d["name"]: ConsumerGroup.from_dict(d, now) for d in s["consumers"]}
         self._quarantine.restore(s)
+        self._chunks.placement.load_state(s)
 
     def _live_slots_of(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
@@ -1450,6 +1479,7 @@ class Table:
         rows = {name: f[name] for name in ("chunk", "row", "priority", "policy_version",
                                            "inserted_at", "group_size", "reward")}
         self._add_items(f["ids"], rows, f["groups"], f["tasks"], f["keys"], f["stored"])
+        self._chunks.placement.replay_written(f["chunk"], f.get("insert_durability"))
 
     def _replay_remove(self, f: dict) -> None:
         self._remove(self._live_slots_of(f["ids"]), f["reason"])
@@ -1471,6 +1501,10 @@ class Table:
         ok = slots >= 0
         self._index["chunk"][slots[ok]] = int(f["chunk"])
         self._index["row"][slots[ok]] = np.flatnonzero(ok)
+        self._chunks.placement.replay_written([int(f["chunk"])], "wal")
+
+    def _replay_demote(self, f: dict) -> None:
+        self._chunks.placement.replay_demoted(f["chunks"], f["rows"], f["nbytes"])
 
     def _replay_group(self, f: dict) -> None:
         self._consumers[f["group"]] = ConsumerGroup(f["group"], int(f["position"]))
@@ -1504,10 +1538,12 @@ class Table:
 
     def _adopt_chunks(self) -> int:
         """Hand the chunks the restored items reference to the chunk store; drop items
-        whose chunk is gone, quarantine those whose chunk is damaged (its SSD metadata
-        fails its checksum, or its remote fragment is unreadable), and delete chunks no
-        item references (a crash between writing a chunk and logging its insert, or
-        between a removal and the chunk's delete)."""
+        whose chunk is gone (written without the write-ahead log; DataLoss if it was
+        acknowledged at wal or fsync), quarantine those whose chunk is damaged (its SSD
+        metadata fails its checksum, or its remote fragment is unreadable), and delete
+        chunks no item references (a crash between writing a chunk and logging its
+        insert, or between a removal and the chunk's delete; the mover deletes those on
+        the remote tier)."""
         ix, placement = self._index, self._chunks.placement
         for checksums in (placement.checksums, self._archive.checksums if self._archive is not None else None):
             if checksums is not None:
@@ -1515,6 +1551,13 @@ class Table:
         live = ix.live_slots()
         chunks = np.unique(ix["chunk"][live])
         missing, damaged = placement.adopt(chunks.tolist())
+        durable = [] if placement.legacy else sorted(set(missing) - set(placement.volatile(missing)))
+        if durable:
+            n = int(np.isin(ix["chunk"][live], durable).sum())
+            shown = ", ".join(map(str, durable[:5])) + (", ..." if len(durable) > 5 else "")
+            raise DataLoss(f"table {self.name!r}: {n} items acknowledged at durability 'wal' or 'fsync' "
+                           f"reference {len(durable)} chunks that are in no tier (chunk ids {shown}): not on "
+                           f"the SSD, and the journal records no move to the remote tier; nothing was dropped")
         lost = 0
         if missing or damaged:
             self._replaying = True  # no chunk bookkeeping yet
@@ -1544,7 +1587,8 @@ class Table:
             if c in ssd:
                 rows, nbytes = int(ssd._offsets[c][-1]), ssd.size_of(c)
             else:
-                rows, nbytes = r + 1, placement.remote.size_of(c)
+                rows, nbytes = placement.remote_size(c)
+                rows = max(rows, r + 1)
             self._chunks.adopt(c, rows, k, nbytes)
         referenced = set(chunks.tolist())
         if self._archive is not None:  # freed before the crash, not yet archived
@@ -1570,7 +1614,7 @@ class Table:
             except DataLoss:
                 top = max(referenced, default=-1) + (1 << 24)  # past any id the damaged range may hold
         orphans = [c for c in stored if c not in referenced]
-        placement.delete(orphans)
+        placement.delete(orphans + [c for c in placement.remote_chunks() if c not in referenced])
         placement.reserve_ids(max([*referenced, top], default=-1) + 1)
         return lost
 

@@ -1,7 +1,7 @@
 """A real S3-compatible server on loopback for the remote tier tests: moto's server mode.
 
 Moto keeps its buckets in process-global state, so two servers in one process see the same
-buckets; each test makes its own bucket. ``stop`` also closes the listening socket, so a
+buckets; each test makes its own bucket, named from a process-wide counter. ``stop`` also closes the listening socket, so a
 client of a stopped server gets "connection refused" at once instead of hanging in the
 accept backlog (what ``ThreadedMotoServer.stop`` alone leaves behind).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import boto3
 from moto.server import ThreadedMotoServer
@@ -20,11 +20,13 @@ SECRET = "testing"
 REGION = "us-east-1"
 
 
+_NAMES = itertools.count()  # moto's buckets outlive each server: names are never reused
+
+
 @dataclass
 class S3Server:
     server: ThreadedMotoServer
     endpoint: str
-    _names: itertools.count = field(default_factory=itertools.count)
 
     @property
     def lance_options(self) -> dict[str, str]:
@@ -47,7 +49,7 @@ class S3Server:
 
     def bucket(self, prefix: str = "b") -> str:
         """Create a fresh bucket (no location constraint: moto refuses us-east-1's)."""
-        name = f"{prefix}-{next(self._names)}"
+        name = f"{prefix}-{next(_NAMES)}"
         boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
                      region_name=REGION).create_bucket(Bucket=name)
         return name

@@ -217,7 +217,7 @@ def test_a_flipped_byte_in_a_remote_fragment_is_data_loss_never_wrong_rows(tmp_p
     store.close()
 
 
-def test_a_remote_fragment_that_does_not_decode_quarantines_its_chunk_at_start(tmp_path):
+def test_a_remote_fragment_that_does_not_decode_quarantines_its_chunk_once_the_tier_is_reached(tmp_path):
     uri, store = remote_store(tmp_path)
     t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1, ssd_bytes=1))
     chunks = [t.insert(trajectories(10, tokens=64, id_prefix=f"t{i}-", seed=i)).item_ids for i in range(2)]
@@ -232,6 +232,7 @@ def test_a_remote_fragment_that_does_not_decode_quarantines_its_chunk_at_start(t
 
     uri, store = remote_store(tmp_path)  # starts, the other chunk serving
     t = store.table("t")
+    t.demote()  # the mover's first pass reaches the remote tier (start-up does not)
     s = t.stats()
     assert (s["quarantined_items"], s["items"]) == (10, 10)
     assert rows(t.get(chunks[0]).data) == expected

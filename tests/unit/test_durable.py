@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
+from rocksdict import WriteBatch
 
 from expstore import codec
 from expstore.errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -18,6 +19,7 @@ from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.store import Store
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
+from expstore.tiers.rocks import Database, RocksTier, table_prefix
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -159,6 +161,56 @@ os._exit(0)  # like kill -9: no close, RocksDB's memtable never reaches disk
     assert keys == [f"wal-{i}" for i in range(5)], keys  # the memory-durability rows are gone whole
     assert store.restored["t"]["lost"] == 0  # no index entry without its payload
     assert t.get(t._index["id"][t._index.live_slots()]).data.num_rows == 5
+    store.close()
+
+
+def remove_chunk(data_dir, table_id: int, chunk: int) -> list[tuple[bytes, bytes]]:
+    """Delete a chunk's keys from a closed data dir (as a lost disk block or a wrong remote
+    tier would); returns them, to put back."""
+    db = Database(data_dir)
+    prefix = table_prefix(table_id) + chunk.to_bytes(8, "big")
+    saved = list(db.items("chunks", prefix))
+    assert saved
+    RocksTier(db, table_id).delete([chunk])
+    db.close()
+    return saved
+
+
+def put_back(data_dir, saved: list[tuple[bytes, bytes]]) -> None:
+    db = Database(data_dir)
+    wb = WriteBatch(raw_mode=True)
+    for key, value in saved:
+        wb.put(key, value, db.handle["chunks"])
+    db.write(wb)
+    db.close()
+
+
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_items_acknowledged_at_wal_whose_chunk_is_gone_are_data_loss_never_dropped(tmp_path, monkeypatch, snapshot):
+    """Only items acknowledged at durability memory may vanish in a crash; a chunk of an
+    insert acknowledged at wal that is in no tier is reported and nothing is dropped (from
+    the journal's records, or from a snapshot of them)."""
+    monkeypatch.setattr(Journal, "wants_snapshot", lambda self: snapshot)
+    store = Store(tmp_path / "d")
+    t = store.create_table(TableSpec("t"))
+    wal = t.insert(trajectories(5, id_prefix="wal"), durability="wal").item_ids
+    mem = t.insert(trajectories(5, id_prefix="mem"), durability="memory").item_ids
+    chunk_of = dict(zip(t._index["id"][t._index.live_slots()].tolist(), t._index["chunk"][t._index.live_slots()].tolist()))
+    table_id = t.storage.table_id
+    store.close()
+
+    saved = remove_chunk(tmp_path / "d", table_id, chunk_of[int(wal[0])])
+    store = Store(tmp_path / "d")  # the table stays closed, its data kept
+    with pytest.raises(DataLoss, match=r"table 't': 5 items acknowledged at durability 'wal' or 'fsync' "
+                                       r"reference 1 chunks that are in no tier .* nothing was dropped"):
+        store.table("t")
+    store.close()
+    put_back(tmp_path / "d", saved)
+    remove_chunk(tmp_path / "d", table_id, chunk_of[int(mem[0])])
+    store = Store(tmp_path / "d")
+    t = store.table("t")
+    assert store.restored["t"]["lost"] == 5 and t.stats()["items"] == 5
+    assert t.get(wal).data.column("traj_id").to_pylist() == [f"wal-{i}" for i in range(5)]
     store.close()
 
 
