@@ -11,6 +11,11 @@ A table that cannot be restored (its record, snapshot or journal fails its check
 anything else goes wrong opening it) does not stop the others: it is logged, kept aside
 in ``unopened`` with its data untouched, calls naming it fail with that error (DATA_LOSS
 for damage), and DropTable deletes it.
+
+The remote tier is not contacted at start: tables know from their journals what it holds,
+and the mover (``start_mover``) reaches it in the background, so a server starts and
+serves its memory and SSD tiers while the remote tier is down. The data dir records where
+its remote tier is, and refuses to open with another one while a table keeps chunks there.
 """
 
 from __future__ import annotations
@@ -36,11 +41,19 @@ from .tiers.rocks import Database, RocksTier
 log = logging.getLogger("expstore.store")
 _TABLE = b"table/"
 _NEXT_TABLE_ID = b"next_table_id"
+_REMOTE = b"remote"
 
 
 class Store:
+    """``remote`` makes a table's remote tier (``remote(table_name)``); ``remote_uri`` says
+    where it is, recorded in the data dir (``remote_in_data_dir``: the default location
+    inside the data dir, which moves with it; ``remote_restored``: a checkpoint restore
+    has just copied the tables' remote datasets there, so it replaces the one recorded)."""
+
     def __init__(self, data_dir: str | Path | None = None, *, seed: int | None = None,
-                 remote: Callable[[str], object] | None = None, min_free_bytes: int = 0) -> None:
+                 remote: Callable[[str], object] | None = None, min_free_bytes: int = 0,
+                 remote_uri: str | None = None, remote_in_data_dir: bool = False,
+                 remote_restored: bool = False) -> None:
         self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()
         self._seed = seed
@@ -48,11 +61,17 @@ class Store:
         self.db = Database(data_dir, min_free_bytes) if data_dir is not None else None
         self.restored: dict[str, dict[str, int]] = {}
         self.unopened: dict[str, Unopened] = {}  # tables that failed to restore, by name
-        self.remote_error: str | None = None  # the last demotion failure, until one succeeds
+        self.remote_error: str | None = None  # the last failure of the mover, until a pass succeeds
         self._stop = threading.Event()
         self._mover: threading.Thread | None = None
         if self.db is not None:
-            self._restore()
+            try:
+                if remote_uri is not None:
+                    self._check_remote(remote_uri, remote_in_data_dir, remote_restored)
+                self._restore()
+            except BaseException:
+                self.close()
+                raise
 
     # -- the mover: SSD -> remote demotion ----------------------------------------------
 
@@ -99,11 +118,14 @@ class Store:
             return table
 
     def drop_table(self, name: str) -> None:
+        """Close a table and delete everything it stored. If its remote tier is down, the
+        error (UNAVAILABLE) leaves it registered, closed, with its data whole: a retried
+        drop finishes it."""
         with self._lock:
             if name in self.unopened:
                 self._purge_unopened(self.unopened.pop(name))
                 return
-            table = self._tables.pop(name, None)
+            table = self._tables.get(name)
             if table is None:
                 raise NotFound(self._unknown(name))
             table.close()
@@ -112,6 +134,7 @@ class Store:
                 wb = WriteBatch(raw_mode=True)
                 wb.delete(_TABLE + name.encode(), self.db.handle["meta"])
                 self.db.write(wb, "wal")
+            del self._tables[name]
 
     def table(self, name: str) -> Table:
         table = self._tables.get(name)
@@ -211,12 +234,30 @@ class Store:
         self.db.write(wb, "wal")
         return table_id
 
+    def _check_remote(self, uri: str, in_data_dir: bool, restored: bool) -> None:
+        """Refuse a remote tier other than the one the data dir's tables moved chunks to:
+        restored against another, their items would be missing. A data dir without such
+        tables, or just restored from a checkpoint into ``uri``, takes the new one."""
+        raw = self.db.get("meta", [_REMOTE])[0]
+        recorded = json.loads(raw) if raw is not None else None
+        here = {"uri": uri, "in_data_dir": in_data_dir}
+        if recorded == here:
+            return
+        moved = recorded is not None and recorded["uri"] != uri and not (recorded["in_data_dir"] and in_data_dir)
+        if moved and not restored:
+            specs = [json.loads(v)["spec"] for _, v in self._table_records() if v is not None]
+            users = sorted(spec["name"] for spec in specs if spec.get("tiers") == "remote")
+            if users:
+                raise FailedPrecondition(
+                    f"data dir {self.db.path} keeps chunks of tables {', '.join(users)} on the remote tier "
+                    f"{recorded['uri']}, but the server was started with remote tier {uri}; start it with "
+                    f"--remote-uri {recorded['uri']} (or [remote] uri): nothing was changed")
+        wb = WriteBatch(raw_mode=True)
+        wb.put(_REMOTE, json.dumps(here).encode(), self.db.handle["meta"])
+        self.db.write(wb, "wal")
+
     def _restore(self) -> None:
-        try:
-            records = list(self.db.items("meta", _TABLE))
-        except DataLoss:  # the block of some table records is damaged: read them one by one
-            records = self._table_records()
-        for key, value in records:
+        for key, value in self._table_records():
             name = key[len(_TABLE):].decode(errors="replace")
             table_id, table = None, None
             try:
@@ -245,9 +286,13 @@ class Store:
             self._tables[spec.name] = table
 
     def _table_records(self) -> list[tuple[bytes, bytes | None]]:
-        """The table records when some sit in a damaged block: the keys are listed with
-        RocksDB's checksums off (a listing, never data), then each value is read checked;
-        a damaged one comes back None."""
+        """The table records, (key, value). When some sit in a damaged block the keys are
+        listed with RocksDB's checksums off (a listing, never data), then each value is
+        read checked; a damaged one comes back None."""
+        try:
+            return list(self.db.items("meta", _TABLE))
+        except DataLoss:  # read them one by one
+            pass
         out = []
         for key in self.db.keys_unverified("meta", _TABLE):
             try:

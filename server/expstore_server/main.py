@@ -123,7 +123,9 @@ def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = No
         checkpoint.restore(source, name, cfg.data_dir, remote_store)
     options = lance_storage_options(**fs_args) if uri.startswith(("s3://", "s3a://")) else None
     store = Store(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
-                  min_free_bytes=cfg.min_free_disk_bytes)
+                  min_free_bytes=cfg.min_free_disk_bytes, remote_uri=uri.rstrip("/"),
+                  remote_in_data_dir=uri == config_mod.RemoteConfig().resolved_uri(cfg.data_dir),
+                  remote_restored=bool(restore_checkpoint))  # the restore copied the datasets there
     for spec in cfg.tables:  # restored on a restart: the same config is no error
         if spec.name not in store.unopened:  # a table that failed to restore stays down (logged)
             store.create_table(spec, if_not_exists=True)

@@ -5,6 +5,8 @@ its data dir used it refuses, losing nothing."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -82,3 +84,46 @@ def test_a_server_starts_with_s3_down_serves_memory_and_ssd_and_catches_up_when_
         server.stop(signal.SIGTERM)
     finally:
         s3.stop()
+
+
+def start_fails(data_dir, *args: str) -> str:
+    """Run the server expecting it to refuse to start; returns its stderr."""
+    cmd = [sys.executable, "-m", "expstore_server.main", "--port", "0", "--data-dir", str(data_dir), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # "listening ..." if it started; "" once it exits
+    if first:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert not first and proc.returncode != 0, f"the server started: {first}"
+    return err
+
+
+def test_another_remote_uri_is_refused_at_start_and_loses_nothing(tmp_path):
+    first, other = (f"--remote-uri={(tmp_path / name).as_uri()}" for name in ("remote", "elsewhere"))
+    server = start_server(tmp_path / "data", None, first)
+    c = Client(server.address)
+    c.create_table("r", tiers="remote", ssd_bytes=100_000, memory_bytes=1 << 20)
+    c.create_table("s")
+    for i in range(15):
+        c.insert("r", trajectories(10, tokens=256, id_prefix=f"r{i}"), durability="wal")
+    c.insert("s", trajectories(5, id_prefix="s"))
+    assert wait_until(lambda: c.stats("r")["r"]["remote_chunks"] >= 5, timeout=60), c.stats("r")
+    server.stop(signal.SIGTERM)
+
+    err = start_fails(tmp_path / "data", other)  # on main: started with 25 of 150 items
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "keeps chunks of tables r on the remote tier" in lines[0] and (tmp_path / "remote").as_uri() in lines[0]
+    assert (tmp_path / "elsewhere").as_uri() in lines[0]
+
+    server = start_server(tmp_path / "data", None, first)
+    c = Client(server.address)
+    assert c.stats("r")["r"]["items"] == 150 and c.stats("s")["s"]["items"] == 5
+    rows = c.get("r", list(range(1, 151)))
+    assert rows.column("traj_id").to_pylist() == [f"r{i}-{j}" for i in range(15) for j in range(10)]
+    c.drop_table("r")
+    server.stop(signal.SIGTERM)
+    # With no table left on the remote tier, the data dir takes another one.
+    server = start_server(tmp_path / "data", None, other)
+    assert Client(server.address).stats("s")["s"]["items"] == 5
+    server.stop(signal.SIGTERM)

@@ -359,3 +359,29 @@ def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path
     t._prefetcher().submit(lambda: None).result()
     assert t.stats()["items_memory"] == 64 and not t._chunks.placement._pins
     store.close()
+
+
+def test_the_data_dir_records_its_remote_tier_and_refuses_another_while_tables_use_it(tmp_path):
+    def open_store(data_dir, uri: str, in_data_dir: bool = False) -> Store:
+        return Store(data_dir, remote=lambda name: RemoteTier(uri, name), remote_uri=uri,
+                     remote_in_data_dir=in_data_dir)
+
+    inside = (tmp_path / "a" / "remote").as_uri()
+    store = open_store(tmp_path / "a", inside, in_data_dir=True)
+    t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1, ssd_bytes=1))
+    t.insert(trajectories(10, id_prefix="x"))
+    while t.demote():
+        pass
+    assert t.stats()["remote_chunks"] == 1 and t.stats()["ssd_chunks"] == 0
+    store.close()
+    elsewhere = (tmp_path / "elsewhere").as_uri()
+    with pytest.raises(FailedPrecondition, match=f"keeps chunks of tables t on the remote tier {inside}, but the "
+                                                 f"server was started with remote tier {elsewhere}"):
+        open_store(tmp_path / "a", elsewhere)
+    # The default remote tier lives in the data dir and moves with it.
+    (tmp_path / "a").rename(tmp_path / "b")
+    store = open_store(tmp_path / "b", (tmp_path / "b" / "remote").as_uri(), in_data_dir=True)
+    assert store.table("t").get([1]).data.column("traj_id").to_pylist() == ["x-0"]
+    store.drop_table("t")
+    store.close()
+    open_store(tmp_path / "b", elsewhere).close()  # no table keeps chunks there any more
