@@ -186,3 +186,26 @@ def test_a_chunk_the_remote_tier_lost_is_quarantined_when_it_is_read_or_the_tier
         t.get(ids[2][:1])
     assert t.get(ids[1]).data.column("traj_id").to_pylist() == [f"c1-{j}" for j in range(10)]
     store.close()
+
+
+def test_dropping_a_table_while_s3_is_down_fails_whole_and_a_retry_finishes_it(tmp_path):
+    s3 = s3server.start()
+    bucket = s3.bucket("drop")
+    store = down_s3_store(tmp_path, s3, bucket)
+    t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1, ssd_bytes=32 << 10))
+    for i in range(4):
+        t.insert(trajectories(10, tokens=256, id_prefix=f"a{i}"))
+    demote_all(t)
+    assert listed(s3, bucket)
+    s3.stop()
+    try:
+        with pytest.raises(Unavailable, match="remote tier"):
+            store.drop_table("t")
+        assert "t" in store and t.stats()["items"] == 40  # closed, its data whole
+        s3 = s3server.start(int(s3.endpoint.rsplit(":", 1)[1]))
+        store.drop_table("t")
+        assert "t" not in store and listed(s3, bucket) == []
+        assert list(store.db.cf["chunks"].keys()) == [] and list(store.db.cf["journal"].keys()) == []
+    finally:
+        store.close()
+        s3.stop()
