@@ -97,9 +97,8 @@ class Placement:
         """Allocate a chunk id and write the chunk to the SSD tier (no lock needed)."""
         staged = Staged(self._new_id(), batch, volatile=durability == "memory")
         if self.ssd is not None:
-            self.ssd.db.check_free_space()
             wb, staged.offsets, staged.stored_bytes = self.ssd.encode(staged.chunk_id, batch)
-            self.ssd.db.write(wb, durability)
+            self.ssd.db.write(wb, durability, grows=staged.stored_bytes)
         return staged
 
     def add(self, staged: Staged) -> None:

@@ -36,7 +36,7 @@ from .proto import arrow_ipc
 from .spec import TableSpec
 from .table import Storage, Table
 from .tiers.checksums import RemoteChecksums
-from .tiers.rocks import Database, RocksTier
+from .tiers.rocks import Database, RocksTier, table_prefix
 
 log = logging.getLogger("expstore.store")
 _TABLE = b"table/"
@@ -118,23 +118,33 @@ class Store:
             return table
 
     def drop_table(self, name: str) -> None:
-        """Close a table and delete everything it stored. If its remote tier is down, the
-        error (UNAVAILABLE) leaves it registered, closed, with its data whole: a retried
-        drop finishes it."""
+        """Close a table and delete everything it stored, giving its disk space back before
+        returning (never refused on a full disk). If its remote tier is down, the error
+        (UNAVAILABLE) leaves it registered, closed, with its data whole: a retried drop
+        finishes it."""
         with self._lock:
             if name in self.unopened:
-                self._purge_unopened(self.unopened.pop(name))
-                return
-            table = self._tables.get(name)
-            if table is None:
-                raise NotFound(self._unknown(name))
-            table.close()
-            if table.storage is not None:
-                table.purge()
-                wb = WriteBatch(raw_mode=True)
-                wb.delete(_TABLE + name.encode(), self.db.handle["meta"])
-                self.db.write(wb, "wal")
-            del self._tables[name]
+                unopened = self.unopened.pop(name)
+                self._purge_unopened(unopened)
+                table_id = unopened.table_id
+            else:
+                table = self._tables.get(name)
+                if table is None:
+                    raise NotFound(self._unknown(name))
+                table.close()
+                table_id = None
+                if table.storage is not None:
+                    table.purge()
+                    wb = WriteBatch(raw_mode=True)
+                    wb.delete(_TABLE + name.encode(), self.db.handle["meta"])
+                    self.db.write(wb, "wal")
+                    table_id = table.storage.table_id
+                del self._tables[name]
+        if table_id is not None:  # the disk space, now: the advice on a full disk is to drop tables
+            try:
+                self.db.reclaim(table_prefix(table_id), table_prefix(table_id + 1))
+            except ExpstoreError as e:
+                log.warning("dropped table %r; its disk space comes back with RocksDB's own compactions: %s", name, e)
 
     def table(self, name: str) -> Table:
         table = self._tables.get(name)

@@ -92,6 +92,28 @@ def table_name(request):
     return "t_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[:100]
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(mib)``: a directory on a tmpfs of that size (a real filesystem that
+    fills up: ENOSPC, statvfs), unmounted after the test. Needs root (mount); skips
+    without it."""
+    mounts: list[Path] = []
+
+    def make(mib: int) -> Path:
+        path = tmp_path / f"disk{len(mounts)}"
+        path.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"a small disk needs mount -t tmpfs (root): {done.stderr.strip()}")
+        mounts.append(path)
+        return path
+
+    yield make
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 # --- S3: a moto server on loopback for the remote tier (tests/s3server.py) -------------------
 
 @pytest.fixture(scope="session")

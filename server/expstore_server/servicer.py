@@ -211,7 +211,7 @@ class Servicer:
 
     @rpc("admin", audit=True)
     async def DropTable(self, request, context, call):
-        self.store.drop_table(request.table)
+        await asyncio.to_thread(self.store.drop_table, request.table)  # remote deletes, compaction
         return pb.DropTableResponse()
 
     @rpc("reader")

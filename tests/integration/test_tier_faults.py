@@ -1,9 +1,11 @@
 """Tier faults through a real server: started while S3 is down it serves its memory and SSD
 tiers and catches up once S3 is back; started against another remote tier than the one
-its data dir used it refuses, losing nothing."""
+its data dir used it refuses, losing nothing; on a full disk, DropTable works and gives
+the space back."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -126,4 +128,41 @@ def test_another_remote_uri_is_refused_at_start_and_loses_nothing(tmp_path):
     # With no table left on the remote tier, the data dir takes another one.
     server = start_server(tmp_path / "data", None, other)
     assert Client(server.address).stats("s")["s"]["items"] == 5
+    server.stop(signal.SIGTERM)
+
+
+def free_bytes(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+@pytest.mark.parametrize("disk_mib, min_free", [(48, 0), (160, 16 << 20)])
+def test_on_a_full_disk_drop_table_succeeds_and_gives_the_space_back(small_disk, disk_mib, min_free):
+    """A real (tmpfs) disk filled by inserts: RESOURCE_EXHAUSTED before RocksDB meets ENOSPC,
+    then DropTable works and frees the space at once, as the error advises."""
+    disk = small_disk(disk_mib)
+    server = start_server(disk / "data", f"[server]\nmin_free_disk_bytes = {min_free}\n")
+    c = Client(server.address)
+    c.create_table("keep", sampler="uniform")
+    c.insert("keep", trajectories(8, tokens=64, id_prefix="k"))
+    c.create_table("big")
+    at_start = free_bytes(disk)
+    full = None
+    for i in range(10_000):
+        try:
+            c.insert("big", trajectories(64, tokens=1024, id_prefix=f"b{i}"))
+        except grpc.RpcError as e:
+            full = e
+            break
+    assert full is not None and full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, full
+    assert len(c.sample("keep", 4)) == 4  # reads go on
+    c.drop_table("big")  # on main: RESOURCE_EXHAUSTED (min_free 0), or the space stays taken
+    assert free_bytes(disk) >= at_start - (2 << 20)
+    assert "is full" in full.details() and "drop tables" in full.details()  # the advice that worked
+    c.insert("keep", trajectories(16, tokens=1024, id_prefix="after"))
+    assert c.stats("keep")["keep"]["items"] == 24
+    server.stop(signal.SIGTERM)
+    server = start_server(disk / "data")
+    c = Client(server.address)
+    assert [t.name for t in c.list_tables()] == ["keep"] and c.stats("keep")["keep"]["items"] == 24
     server.stop(signal.SIGTERM)
