@@ -687,12 +687,11 @@ class Table:
     def demote(self) -> int:
         """One pass of the store's mover over the remote tier: reach it if it was never
         reached or its last call failed (quarantining the items of chunks it turns out not
-        to hold), delete the chunks freed there, then move the
-        oldest SSD chunks down while the SSD is over its watermark (about 64 MiB), each
-        move logged before the SSD copy is deleted. Remote I/O runs outside the table
-        lock, the chunks pinned. Returns the chunks moved; raises Unavailable when the
-        remote tier is down (the chunks stay on the SSD, freed ones queued: nothing is
-        lost)."""
+        to hold), delete the chunks freed there, then move the oldest SSD chunks down while
+        the SSD is over its watermark (about 64 MiB), each move logged before the SSD copy
+        is deleted. Remote I/O runs outside the table lock, the chunks pinned. Returns the
+        chunks moved; raises Unavailable when the remote tier is down (the chunks stay on
+        the SSD, freed ones queued: nothing is lost)."""
         placement = self._chunks.placement
         with self._cond:
             if self._closed or placement.remote is None:

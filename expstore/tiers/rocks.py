@@ -89,7 +89,8 @@ class Database:
         bytes it adds: it is refused (RESOURCE_EXHAUSTED, nothing written) unless the
         disk has room for it (``check_free_space``)."""
         if not grows:
-            return self._write(batch, durability)
+            self._write(batch, durability)
+            return
         with self._space:
             self.check_free_space(grows)
             self._write(batch, durability)

@@ -211,7 +211,7 @@ class Servicer:
 
     @rpc("admin", audit=True)
     async def DropTable(self, request, context, call):
-        await asyncio.to_thread(self.store.drop_table, request.table)  # remote deletes, compaction
+        await asyncio.to_thread(self.store.drop_table, request.table)  # remote I/O, a compaction
         return pb.DropTableResponse()
 
     @rpc("reader")

@@ -195,7 +195,8 @@ def test_items_acknowledged_at_wal_whose_chunk_is_gone_are_data_loss_never_dropp
     t = store.create_table(TableSpec("t"))
     wal = t.insert(trajectories(5, id_prefix="wal"), durability="wal").item_ids
     mem = t.insert(trajectories(5, id_prefix="mem"), durability="memory").item_ids
-    chunk_of = dict(zip(t._index["id"][t._index.live_slots()].tolist(), t._index["chunk"][t._index.live_slots()].tolist()))
+    live = t._index.live_slots()
+    chunk_of = dict(zip(t._index["id"][live].tolist(), t._index["chunk"][live].tolist()))
     table_id = t.storage.table_id
     store.close()
 
