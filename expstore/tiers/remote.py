@@ -432,8 +432,11 @@ class RemoteTier:
         """The dataset version this tier reads and writes; None while there is no dataset
         (looked for again each time: one listing)."""
         if self._ds is None:
-            with _unavailable(f"remote tier {self.uri}: open"):
-                self._sync()
+            if self._opened:  # opened before the dataset existed: look again
+                with self._io("open"):
+                    self._sync()
+            else:
+                self._open()
         return self._ds.version if self._ds is not None else None
 
     def hold(self) -> None:

@@ -4,6 +4,7 @@ priorities, times_sampled, versions, keys, consumer groups, cuts, rate limiter).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -363,9 +364,9 @@ def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path
 
 
 def test_the_data_dir_records_its_remote_tier_and_refuses_another_while_tables_use_it(tmp_path):
-    def open_store(data_dir, uri: str, in_data_dir: bool = False) -> Store:
+    def open_store(data_dir, uri: str, in_data_dir: bool = False, restored: bool = False) -> Store:
         return Store(data_dir, remote=lambda name: RemoteTier(uri, name), remote_uri=uri,
-                     remote_in_data_dir=in_data_dir)
+                     remote_in_data_dir=in_data_dir, remote_restored=restored)
 
     inside = (tmp_path / "a" / "remote").as_uri()
     store = open_store(tmp_path / "a", inside, in_data_dir=True)
@@ -382,6 +383,13 @@ def test_the_data_dir_records_its_remote_tier_and_refuses_another_while_tables_u
     # The default remote tier lives in the data dir and moves with it.
     (tmp_path / "a").rename(tmp_path / "b")
     store = open_store(tmp_path / "b", (tmp_path / "b" / "remote").as_uri(), in_data_dir=True)
+    assert store.table("t").get([1]).data.column("traj_id").to_pylist() == ["x-0"]
+    store.close()
+    # A checkpoint restore copies the remote datasets into the restored server's own tier.
+    shutil.copytree(tmp_path / "b" / "remote", tmp_path / "own")
+    own = (tmp_path / "own").as_uri()
+    open_store(tmp_path / "b", own, restored=True).close()
+    store = open_store(tmp_path / "b", own)
     assert store.table("t").get([1]).data.column("traj_id").to_pylist() == ["x-0"]
     store.drop_table("t")
     store.close()
