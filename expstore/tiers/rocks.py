@@ -235,13 +235,14 @@ class Database:
         journal column families, and in meta (compacted whole: a table's keys there sit
         under several prefixes): flush the memtables, so that the log files holding the
         deleted data can go, then compact the ranges, dropping the deleted data's SST
-        files. Reads the range once (about 1.6 s per GiB here); other writes go on meanwhile."""
+        files. Reads the range once (about 1.6 s per GiB here); other writes go on meanwhile,
+        and so do other threads (rocksdict lets go of the GIL: worst gap 33 ms while 264 MiB
+        were reclaimed in 0.98 s, 9 ms idle, on a loaded machine)."""
         options = CompactOptions()
         options.set_exclusive_manual_compaction(False)
         with self._compacting:
+            self.flush()
             try:
-                for cf in self.cf.values():
-                    cf.flush(True)
                 for name in ("chunks", "journal"):
                     self.cf[name].compact_range(begin, end, options)
                 self.cf["meta"].compact_range(None, None, options)
