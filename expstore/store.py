@@ -119,28 +119,28 @@ class Store:
 
     def drop_table(self, name: str) -> None:
         """Close a table and delete everything it stored, giving its disk space back before
-        returning (never refused on a full disk). If its remote tier is down, the error
-        (UNAVAILABLE) leaves it registered, closed, with its data whole: a retried drop
-        finishes it."""
+        returning (never refused on a full disk; ``Database.reclaim``). If its remote tier
+        is down, the error (UNAVAILABLE) leaves it registered, closed, with its data whole:
+        a retried drop finishes it."""
         with self._lock:
             if name in self.unopened:
-                unopened = self.unopened.pop(name)
-                self._purge_unopened(unopened)
-                table_id = unopened.table_id
-            else:
-                table = self._tables.get(name)
-                if table is None:
-                    raise NotFound(self._unknown(name))
-                table.close()
-                table_id = None
-                if table.storage is not None:
-                    table.purge()
-                    wb = WriteBatch(raw_mode=True)
-                    wb.delete(_TABLE + name.encode(), self.db.handle["meta"])
-                    self.db.write(wb, "wal")
-                    table_id = table.storage.table_id
-                del self._tables[name]
-        if table_id is not None:  # the disk space, now: the advice on a full disk is to drop tables
+                self._purge_unopened(self.unopened.pop(name))
+                return
+            table = self._tables.get(name)
+            if table is None:
+                raise NotFound(self._unknown(name))
+            table.close()
+            table_id = None
+            if table.storage is not None:
+                table.purge()
+                wb = WriteBatch(raw_mode=True)
+                wb.delete(_TABLE + name.encode(), self.db.handle["meta"])
+                self.db.write(wb, "wal")
+                table_id = table.storage.table_id
+            del self._tables[name]
+        # The disk space, now (the advice on a full disk is to drop tables); not for a table
+        # with damage found in it or unopened: compacting a damaged block stops RocksDB.
+        if table_id is not None and not table.stats()["quarantined_chunks"]:
             try:
                 self.db.reclaim(table_prefix(table_id), table_prefix(table_id + 1))
             except ExpstoreError as e:
