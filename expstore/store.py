@@ -92,6 +92,12 @@ class Store:
                     if self.remote_error is None:
                         log.warning("remote tier unavailable, retrying with backoff: %s", e)
                     self.remote_error, backoff = str(e), min(max_backoff_s, backoff * 2)
+                except BaseException as e:  # noqa: BLE001 - a bug, or a panic in a native library
+                    # (pyo3's PanicException is a BaseException): a dead mover would let the
+                    # SSD tier fill up unseen, so log it, report it and keep moving.
+                    log.exception("mover pass failed; retrying with backoff")
+                    self.remote_error = f"mover: {type(e).__name__}: {e}"
+                    backoff = min(max_backoff_s, backoff * 2)
         self._mover = threading.Thread(target=run, name="expstore-mover", daemon=True)
         self._mover.start()
 

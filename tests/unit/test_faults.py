@@ -209,3 +209,27 @@ def test_dropping_a_table_while_s3_is_down_fails_whole_and_a_retry_finishes_it(t
     finally:
         store.close()
         s3.stop()
+
+
+class Panic(BaseException):
+    """What a panic inside a native library (pyo3's PanicException) looks like to Python."""
+
+
+def test_the_mover_survives_a_panic_in_a_pass_and_demotes_on_the_next(tmp_path, monkeypatch):
+    store = Store(tmp_path / "d", remote=lambda name: RemoteTier(f"file://{tmp_path}/remote", name))
+    t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1 << 20, ssd_bytes=256 << 10))
+    demote, panics = t.demote, []
+
+    def panic_once():
+        if not panics:
+            panics.append(1)
+            raise Panic("called `Option::unwrap()` on a `None` value")
+        return demote()
+    monkeypatch.setattr(t, "demote", panic_once)
+    try:
+        for i in range(4):
+            t.insert(trajectories(32, tokens=1024, id_prefix=f"p{i}"))
+        store.start_mover(interval_s=0.05, max_backoff_s=0.2)
+        wait_until(lambda: panics and t.stats()["items_remote"] > 0)  # a later pass demoted
+    finally:
+        store.close()
