@@ -1,13 +1,17 @@
 """The token-in/token-out agent loop: roll out one GRPO group (one task, group_size
 episodes) as one batched engine session and return protocol-v1 rows.
 
-Per turn, every unfinished episode generates until a stop token (<eos>, or </tool> when
-its environment has tools). A turn containing a tool call runs the tool in the sandbox
-and appends the observation's ids (loss_mask 0, logprob 0); any other turn goes to the
-environment's ``step``, whose observation, if it is not done, is appended the same way.
-The stored tokens are exactly the prompt ids, the engine's output ids and the
-observation ids, in order: nothing is decoded and encoded again (decoding is only for
-parsing tool calls and for rewards).
+``tok`` is the episode's ``chat.ChatFormat`` (CharTokenizer for the toy model, HFChat for
+a model with a chat template): it gives the prompt ids, the stop ids and each
+observation's ids. Per turn, every unfinished episode generates until a stop id (the
+format's: <eos>, or </tool> when the toy environment has tools; a template's end of turn
+or eos). A turn containing a tool call (parsed from the decoded generated ids) runs the
+tool in the sandbox and appends the observation's ids (loss_mask 0, logprob 0); any
+other turn goes to the environment's ``step``, whose observation, if it is not done, is
+appended the same way (as a "user" message). The stored tokens are exactly the prompt
+ids, the engine's output ids and the observation ids, in order, the same ids the
+engine's session holds: nothing is decoded and encoded again (decoding is only for
+parsing tool calls, for the environment and for rewards).
 
 Every episode finishes with a finish_reason: "stop" / "length" (the engine's, on the
 final turn), "max_turns", "timeout" (the group's deadline or an environment call's),
@@ -143,7 +147,7 @@ async def rollout_group(engine: Engine, envs: list[Env], task: dict, params: Sam
     for e in envs:
         prompt, failed = await call_env(e.reset, task, timeout=min(config.env_timeout, deadline - time.monotonic()))
         ep = _Episode([], [], [], [])
-        ep.add([tok.bos_id] + (tok.encode(prompt) if failed is None else []), "user", version0)
+        ep.add(tok.prompt_ids(prompt if failed is None else ""), "user", version0)
         ep.finish_reason = failed
         episodes.append(ep)
     await _play(engine, envs, episodes, params, tok, deadline, config, gate or SwapGate(), before_generate, interrupt)
@@ -249,8 +253,9 @@ async def _play(engine: Engine, envs: list[Env], episodes: list[_Episode], param
 
 
 def _with_stops(params: SamplingParams, tok, env: Env) -> SamplingParams:
-    """Generation stops at <eos>, and at </tool> when the environment has tools."""
-    stops = set(params.stop_token_ids) | {tok.eos_id} | ({tok.encode("</tool>")[-1]} if env.tools else set())
+    """Generation stops at the format's stop ids (CharTokenizer: <eos>, and </tool> when
+    the environment has tools) and at those ``params`` names."""
+    stops = set(params.stop_token_ids) | set(tok.stop_ids(bool(env.tools)))
     return SamplingParams(**{**params.__dict__, "stop_token_ids": tuple(sorted(stops))})
 
 
@@ -265,11 +270,12 @@ async def _after_turn(ep: _Episode, env: Env, session, row: int, gen: Generation
         ep.finish_reason = "aborted"
         return
     ep.open_turn = False
-    text = tok.decode(ep.last_turn())
+    turn = ep.last_turn()
+    text = tok.decode(turn)
     call = tools.parse_call(text) if env.tools else None
     if call is not None and gen.finish_reason == "stop":
         result = await tools.call(*call, allow=env.tools)
-        obs = tok.encode(tools.observation(result))
+        obs = tok.observation_ids(tools.observation(result), "tool", turn[-1])
         session.append(row, obs)
         ep.add(obs, "tool", version, tool_name=result.name, tool_args=result.args, tool_result=result.output,
                tool_status=result.status, latency_ms=result.latency_ms)
@@ -282,10 +288,11 @@ async def _after_turn(ep: _Episode, env: Env, session, row: int, gen: Generation
     ep.step_rewards[-1] = float(reward)
     if done:
         ep.finish_reason = gen.finish_reason
-    elif obs:
-        ids = tok.encode(obs)
-        session.append(row, ids)
-        ep.add(ids, "env", version)
+    else:  # a chat template frames even an empty observation: the next turn needs its header
+        ids = tok.observation_ids(obs or "", "user", turn[-1] if turn else None)
+        if ids:
+            session.append(row, ids)
+            ep.add(ids, "env", version)
 
 
 def _row(ep: _Episode, task: dict, env: Env, params: SamplingParams, group_id: str | None, group_size: int,

@@ -3,6 +3,9 @@
 Special tokens are written literally in text ("<tool>calc 1+2</tool>") and recognised by
 ``encode``. Producers never re-tokenize what a model generated (token-in, token-out); the
 tokenizer only turns prompts and tool observations into ids and ids into text for rewards.
+It is the toy model's ``chat.ChatFormat``: a prompt is <bos> and its text, a tool result
+is written ``<obs>RESULT</obs>`` (lowercased, characters outside the vocabulary dropped),
+a turn ends at <eos>, and, in an environment with tools, at </tool>.
 """
 
 from __future__ import annotations
@@ -42,6 +45,25 @@ class CharTokenizer:
             except KeyError as e:
                 raise ValueError(f"character {e.args[0]!r} is not in the CharTokenizer vocabulary") from None
         return ids
+
+    # -- chat.ChatFormat ----------------------------------------------------------------
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        if not isinstance(prompt, str):
+            raise ValueError("CharTokenizer prompts are text; a list of messages needs a chat template (--model)")
+        return [self.bos_id] + self.encode(prompt)
+
+    def observation_ids(self, text: str, role: str, after: int | None = None) -> list[int]:
+        """A tool result as ``<obs>RESULT</obs>`` in the vocabulary; other text as it is."""
+        if role == "tool":
+            return self.encode("<obs>" + "".join(c for c in text.lower() if c in CHARS) + "</obs>")
+        return self.encode(text)
+
+    def stop_ids(self, tools: bool) -> tuple[int, ...]:
+        return (self.eos_id, self.tool_end_id) if tools else (self.eos_id,)
+
+    def turn_ids(self, text: str, final: bool) -> list[int]:
+        return self.encode(text) + ([self.eos_id] if final else [])
 
     def decode(self, ids) -> str:
         """Text of ``ids``; raises ValueError on an id outside the vocabulary (0-50), e.g.

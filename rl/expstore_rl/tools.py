@@ -1,10 +1,12 @@
 """Tools a policy may call, each run in the sandbox, and the text format of calls and
 observations.
 
-A call is ``<tool>NAME ARGS</tool>`` in the generated text; its observation is
-``<obs>RESULT</obs>`` on success and ``<obs>STATUS</obs>`` otherwise (e.g.
-``<obs>error</obs>``), written in the toy alphabet (lowercase letters, digits,
-``+-*/=()`` and space) so that any tokenizer of the toy tasks can encode it.
+A call in the generated text is ``<tool>NAME ARGS</tool>``, or, as chat models trained
+on Hermes-style tool use write it, ``<tool_call>{"name": NAME, "arguments": ARGS}
+</tool_call>`` (ARGS a string, or an object whose one value, or else whose JSON, is the
+arguments string). Its observation text is the tool's output on success and its status
+otherwise (e.g. "error"); the chat format frames it (CharTokenizer: ``<obs>RESULT</obs>``
+in the toy alphabet; a chat template: a "tool" message).
 
 Only tools in the allowlist given to ``call`` run; any other name is answered with
 status "denied" without starting a process.
@@ -16,14 +18,14 @@ TABLE ITEM --tools expstore_rl.tools`` expects, so recorded calls can be re-run 
 
 from __future__ import annotations
 
+import json
 import re
-import string
 from dataclasses import dataclass
 
 from . import sandbox
 
-ALPHABET = frozenset(string.ascii_lowercase + string.digits + "+-*/=() ")
 CALL = re.compile(r"<tool>\s*([a-z_]+)\s*(.*?)</tool>", re.S)
+JSON_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 _CALC = r"""
 import ast, sys
@@ -75,9 +77,24 @@ class ToolResult:
 
 
 def parse_call(text: str) -> tuple[str, str] | None:
-    """(name, args) of the first tool call in ``text``, or None."""
-    m = CALL.search(text)
-    return (m.group(1), m.group(2).strip()) if m else None
+    """(name, args) of the first tool call in ``text`` (either form), or None. A
+    ``<tool_call>`` whose body is not a JSON object with a string "name" is no call: the
+    turn goes to the environment's ``step`` like any answer."""
+    toy, hermes = CALL.search(text), JSON_CALL.search(text)
+    if toy and not (hermes and hermes.start() < toy.start()):
+        return toy.group(1), toy.group(2).strip()
+    if not hermes:
+        return None
+    try:
+        call = json.loads(hermes.group(1))
+        name, args = call["name"], call.get("arguments", "")
+        if not isinstance(name, str):
+            raise TypeError(name)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if isinstance(args, dict) and len(args) == 1 and isinstance(next(iter(args.values())), str):
+        args = next(iter(args.values()))
+    return name, args if isinstance(args, str) else json.dumps(args)
 
 
 async def call(name: str, args: str, allow=("calc",)) -> ToolResult:
@@ -90,7 +107,6 @@ async def call(name: str, args: str, allow=("calc",)) -> ToolResult:
 
 
 def observation(result: ToolResult) -> str:
-    """The observation text of a call, in the toy alphabet."""
-    body = result.output.strip() if result.status == "ok" else result.status.replace("_", " ")
-    body = "".join(c for c in body.lower() if c in ALPHABET)
-    return f"<obs>{body}</obs>"
+    """The observation text of a call: its output, or its status when it failed (the chat
+    format frames it)."""
+    return result.output.strip() if result.status == "ok" else result.status.replace("_", " ")

@@ -1,11 +1,13 @@
 """The environment interface. An environment instance runs one episode at a time; the
 agent loop makes one per member of a group (``env_factory()``).
 
-``reset(task)`` returns the prompt text; ``step(action_text)`` takes the text of one
-policy turn that is not a tool call and returns (observation text, reward, done). A
-non-empty observation of a step that is not done is appended as tokens with loss_mask 0.
-Tool calls never reach ``step``: the agent runs them (tools.py) among ``tools``.
-Texts must be encodable by the tokenizer in use (CharTokenizer: the toy alphabet).
+``reset(task)`` returns the prompt text (with a chat template, also a list of messages);
+``step(action_text)`` takes the text of one policy turn that is not a tool call (special
+tokens left out) and returns (observation text, reward, done). The observation of a step
+that is not done is appended as tokens with loss_mask 0 (with a chat template, as a
+"user" message). Tool calls never reach ``step``: the agent runs them (tools.py) among
+``tools``. Texts must be encodable by the tokenizer in use (CharTokenizer: the toy
+alphabet). Your own environment is named ``--env module:Class`` (plugins.py).
 """
 
 from __future__ import annotations
@@ -26,5 +28,6 @@ class Env(Protocol):
     def step(self, action_text: str) -> tuple[str, float, bool]: ...
 
     def solution(self, task: dict) -> str:
-        """A correct policy output for ``task`` (tool calls and observations included), for
-        supervised warm-up."""
+        """A correct policy output for ``task``, for supervised warm-up: the policy's turns,
+        each observation between two of them written ``<obs>...</obs>``, optionally a final
+        ``<eos>`` (demo.solution_ids turns it into ids in any chat format)."""
