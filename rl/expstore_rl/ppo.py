@@ -91,7 +91,7 @@ def train(cfg: PPOConfig, source: trainer.StoreSource | None = None) -> trainer.
     torch.manual_seed(cfg.seed)
     d = distributed.init()
     policy, version = trainer.initial_policy(cfg)
-    critic = Critic(copy.deepcopy(policy.model), cfg.hidden).train()
+    critic = Critic(copy.deepcopy(policy.base_model), policy.config.hidden_size).train()
     policy, critic = distributed.shard(policy, d), distributed.shard(critic, d)
     optimizer = trainer.make_optimizer(policy, cfg.lr, cfg.weight_decay)
     critic_optimizer = trainer.make_optimizer(critic, cfg.critic_lr, 0.0)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import checkpoint, weights
+from . import checkpoint, hf, weights
 from .batching import Rollouts, micro_batches, minibatches
 from .distributed import Dist, clip_grad_norm, full_state_dict, gradient_sync, shard
 from .losses import aggregate, entropy, importance_weights, kl, log_ratio, normaliser, policy_loss
@@ -49,7 +49,10 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1
     """torch intra-op threads per process (1: two threads on two busy cores were 10x slower)"""
-    # model (the tiny LlamaForCausalLM of model.py, when no published version exists)
+    model: str = ""
+    """a Hugging Face causal LM directory to start from (AutoModelForCausalLM, fp32; its
+    tokenizer files are published with every version: hf.py); "": the toy model below"""
+    # the toy model (the tiny LlamaForCausalLM of model.py) when --model is not given
     hidden: int = 128
     layers: int = 2
     heads: int = 4
@@ -140,10 +143,16 @@ def parse(cls: type, argv: list[str] | None = None):
 # -- models ---------------------------------------------------------------------------
 
 
+def build_policy(cfg: TrainConfig) -> torch.nn.Module:
+    """The policy's architecture and initial weights: ``--model`` (from_pretrained, fp32)
+    or the toy model of model.py, seeded."""
+    return hf.load_model(cfg.model) if cfg.model else build_model(cfg.model_config(), cfg.seed)
+
+
 def initial_policy(cfg: TrainConfig) -> tuple[torch.nn.Module, int]:
     """The starting policy and its version: the newest published version at
-    ``weights_uri`` (a warm-started model, or a previous run) or a fresh seeded model."""
-    model = build_model(cfg.model_config(), cfg.seed)
+    ``weights_uri`` (a warm-started model, or a previous run) or ``build_policy``'s."""
+    model = build_policy(cfg)
     version = weights.latest_version(cfg.weights_uri)
     if version is not None:
         model.load_state_dict(weights.load_state_dict(cfg.weights_uri, version))
@@ -151,12 +160,13 @@ def initial_policy(cfg: TrainConfig) -> tuple[torch.nn.Module, int]:
 
 
 def publish(policy: torch.nn.Module, cfg: TrainConfig, version: int, d: Dist) -> None:
-    """Gather the full weights (every rank), rank 0 writes ``<weights_uri>/v<version>/``;
-    every rank returns once it is written (a barrier: at the start of a fresh run, every
-    rank loads v0 as the KL reference next, and must not look before rank 0 has written it)."""
+    """Gather the full weights (every rank), rank 0 writes ``<weights_uri>/v<version>/``
+    with ``--model``'s tokenizer files beside them; every rank returns once it is written
+    (a barrier: at the start of a fresh run, every rank loads v0 as the KL reference
+    next, and must not look before rank 0 has written it)."""
     sd = full_state_dict(policy)
     if d.main:
-        weights.publish(sd, policy.config.to_dict(), cfg.weights_uri, version)
+        weights.publish(sd, policy.config.to_dict(), cfg.weights_uri, version, hf.model_files(cfg.model))
     d.barrier()
 
 
@@ -364,7 +374,7 @@ def reference_model(cfg: TrainConfig, state: LoopState, d: Dist) -> torch.nn.Mod
     None when kl_coef is 0."""
     if cfg.kl_coef <= 0:
         return None
-    model = build_model(cfg.model_config(), cfg.seed)
+    model = build_policy(cfg)
     model.load_state_dict(weights.load_state_dict(cfg.weights_uri, state.extra["reference_version"]))
     return shard(model.eval().requires_grad_(False), d)
 

@@ -1,6 +1,7 @@
 """Versioned policy weights on any fsspec filesystem: ``<uri>/v<N>/`` holds
 ``model.safetensors`` and ``config.json`` in the Hugging Face layout (loadable by
-``LlamaForCausalLM.from_pretrained`` and by vLLM) and a ``_PUBLISHED`` marker.
+``AutoModelForCausalLM.from_pretrained`` and by vLLM), the model's other files when given
+(tokenizer, chat template: ``hf.model_files``) and a ``_PUBLISHED`` marker.
 
 Publication is atomic for readers under one rule on every backend: a version is visible
 only once its ``_PUBLISHED`` marker exists, and the marker is written last. Each file is
@@ -25,6 +26,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Mapping
 
 import fsspec
 import torch
@@ -46,21 +48,28 @@ def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return "file" in ([fs.protocol] if isinstance(fs.protocol, str) else fs.protocol)
 
 
-def publish(state_dict: dict[str, torch.Tensor], config: dict, uri: str, version: int) -> str:
+def publish(state_dict: dict[str, torch.Tensor], config: dict, uri: str, version: int,
+            files: Mapping[str, bytes] | None = None) -> str:
     """Write version ``version`` and return its uri (``<uri>/v<N>``). ``config`` is the HF
-    config dict (``model.config.to_dict()``). A tied ``lm_head.weight`` is left out, as
-    Hugging Face does (safetensors refuses shared tensors)."""
+    config dict (``model.config.to_dict()``); ``files``: more files of the version by
+    name (the tokenizer's, so that the directory is a whole model directory). A tied
+    ``lm_head.weight`` is left out, as Hugging Face does (safetensors refuses shared
+    tensors)."""
     if version < 0:
         raise ValueError("version must be >= 0")
+    files = dict(files or {})
+    for name in files:
+        if name in (WEIGHTS, CONFIG, MARKER) or "/" in name or name.startswith("."):
+            raise ValueError(f"publish: {name!r} cannot be an extra file of a version (reserved or not a plain name)")
     fs, root = _fs(uri)
     vdir = f"{root}/v{version}"
     if fs.exists(f"{vdir}/{MARKER}"):
         raise FileExistsError(f"{uri}/v{version} is already published; versions are never rewritten")
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()
                if not (config.get("tie_word_embeddings") and k == "lm_head.weight")}
-    files = {WEIGHTS: st_save(tensors, metadata={"format": "pt"}),
-             CONFIG: json.dumps(config, indent=2, sort_keys=True).encode(),
-             MARKER: json.dumps({"version": version}).encode()}  # last
+    files |= {WEIGHTS: st_save(tensors, metadata={"format": "pt"}),
+              CONFIG: json.dumps(config, indent=2, sort_keys=True).encode(),
+              MARKER: json.dumps({"version": version}).encode()}  # last (dicts keep insertion order)
     fs.makedirs(vdir, exist_ok=True)
     for name, data in files.items():
         tmp = f"{vdir}/.{name}.{uuid.uuid4().hex}.tmp"
@@ -104,8 +113,8 @@ def load_state_dict(uri: str, version: int) -> dict[str, torch.Tensor]:
 
 def local_path(uri: str, version: int) -> str:
     """A local directory holding version ``version`` (vLLM loads from local disk only).
-    Local uris are returned as they are; remote ones are downloaded once into
-    ``CACHE_DIR`` (atomically: to a temporary dir, then renamed)."""
+    Local uris are returned as they are; remote ones are downloaded once, every file of
+    the version, into ``CACHE_DIR`` (atomically: to a temporary dir, then renamed)."""
     fs, root = _fs(uri)
     _require_published(uri, version)
     if _is_local(fs):
@@ -115,7 +124,9 @@ def local_path(uri: str, version: int) -> str:
     if not (dest / MARKER).exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".download-"))
-        for name in (WEIGHTS, CONFIG, MARKER):
+        entries = fs.ls(f"{root}/v{version}", detail=True)
+        names = [Path(e["name"]).name for e in entries if e["type"] == "file"]
+        for name in sorted((n for n in names if not n.startswith(".")), key=lambda n: n == MARKER):
             fs.get_file(f"{root}/v{version}/{name}", str(tmp / name))
         try:
             tmp.rename(dest)
