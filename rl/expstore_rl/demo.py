@@ -4,13 +4,15 @@ trainer, on a verifiable toy task with a tiny model built in code (no downloads)
     python -m expstore_rl.demo                      # GRPO on "reverse three digits"
     python -m expstore_rl.demo --algo ppo
     python -m expstore_rl.demo --env calculator     # multi-turn: the model must call a tool
+    python -m expstore_rl.demo --model ./my-model --env mypkg.envs:MyEnv --reward mypkg.rewards:score
 
 1. start ``expstore-server`` (a subprocess, a free port on 127.0.0.1, a temporary data dir)
    with its web console (``--console-port``, 8080 or a free port if that one is taken):
    the printed URL shows the run live, its trajectories and the reward-hacking views;
-2. build the policy and give it a short supervised warm-up on the environment's own
-   solutions (tool calls included), so that RL starts from a small but non-zero reward
-   (from a random init an exact-match reward is ~never seen); publish it as version 0;
+2. build the policy (the toy model, or ``--model``) and give it a short supervised
+   warm-up on the environment's own solutions (tool calls included; ``warmup_examples``),
+   so that RL starts from a small but non-zero reward (from a random init an exact-match
+   reward is ~never seen); publish it as version 0;
 3. create the table and start the producers (``python -m expstore_rl.producer``), which
    load version 0 and keep inserting groups, reloading each new version;
 4. train in this process (GRPO or PPO) for ``--steps`` steps, publishing a version each;
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -33,10 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import grpo, launch, metrics, ppo, trainer, weights
+from . import chat, grpo, launch, metrics, plugins, ppo, trainer
 from .batching import Rollouts
-from .envs import ENVS
-from .model import build_model
+from .distributed import Dist
 from .tokenizer import CharTokenizer
 
 # Per environment: producer generation limits and warm-up strength. The reverse warm-up
@@ -46,23 +48,43 @@ ENV_SETTINGS = {
     "reverse": {"max_tokens": 6, "max_turns": 1, "warmup_steps": 45},
     "calculator": {"max_tokens": 16, "max_turns": 3, "warmup_steps": 100},
 }
+DEFAULT_SETTINGS = {"max_tokens": 16, "max_turns": 3, "warmup_steps": 100}
+"""For an environment of your own (``--env module:Class``)."""
+_OBS = re.compile(r"<obs>(.*?)</obs>", re.S)
 
 
-def warmup_examples(env_name: str, n: int, seed: int) -> Rollouts:
-    """n prompts with their environment's solution, as the producers would tokenise them:
-    <bos> prompt, then the solution with loss_mask 1 except inside <obs>...</obs> (tool
-    output is not the policy's to learn)."""
-    tok, env, rng = CharTokenizer(), ENVS[env_name](), random.Random(seed)
+def solution_ids(tok: chat.ChatFormat, prompt, solution: str, tools: bool) -> tuple[list[int], list[int]]:
+    """(tokens, loss_mask) of a prompt and its solution as the producers would store
+    them had the policy generated it: ``solution`` is the text of the policy's turns with
+    each observation between them written ``<obs>...</obs>`` and an optional final
+    ``<eos>`` (envs/base.py); turns get loss_mask 1 and the format's turn ends,
+    observations the format's framing and loss_mask 0 (not the policy's to learn)."""
+    ids = tok.prompt_ids(prompt)
+    mask = [0] * len(ids)
+    parts = _OBS.split(solution)  # turn, observation, turn, ..., turn
+    for k, part in enumerate(parts):
+        if k % 2:
+            new, m = tok.observation_ids(part, "tool" if tools else "user", ids[-1]), 0
+        else:
+            final = k == len(parts) - 1
+            new, m = tok.turn_ids(part.removesuffix("<eos>") if final else part, final), 1
+        ids, mask = ids + new, mask + [m] * len(new)
+    return ids, mask
+
+
+def warmup_examples(env: str, n: int, seed: int, tok: chat.ChatFormat | None = None) -> Rollouts:
+    """n prompts of environment ``env`` (a built-in name or module:Class) with its
+    solutions (``solution_ids``), in ``tok``'s format (default: CharTokenizer)."""
+    tok, make, rng = tok or CharTokenizer(), plugins.env_factory(env), random.Random(seed)
     rows = []
     for _ in range(n):
-        task = env.sample_task(rng)
-        prompt, answer = [tok.bos_id] + tok.encode(env.reset(task)), np.array(tok.encode(env.solution(task)))
-        depth = np.cumsum(answer == tok.obs_id) - np.cumsum(np.r_[0, answer[:-1] == tok.obs_end_id])
-        rows.append((prompt + answer.tolist(), [0] * len(prompt) + (depth == 0).astype(int).tolist()))
+        e = make()
+        task = e.sample_task(rng)
+        rows.append(solution_ids(tok, e.reset(task), e.solution(task), bool(e.tools)))
     width = max(len(t) for t, _ in rows)
     tokens = torch.tensor([t + [tok.pad_id] * (width - len(t)) for t, _ in rows])
     mask = torch.tensor([m + [0] * (width - len(m)) for _, m in rows], dtype=torch.float32)
-    attention = (tokens != tok.pad_id).float()
+    attention = (torch.arange(width)[None] < torch.tensor([len(t) for t, _ in rows])[:, None]).float()
     zeros = torch.zeros(n)
     return Rollouts(tokens, attention, mask, torch.zeros_like(mask), zeros, torch.arange(n), zeros.long())
 
@@ -95,7 +117,9 @@ def free_port(preferred: int) -> int:
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m expstore_rl.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--algo", choices=["grpo", "ppo"], default="grpo")
-    p.add_argument("--env", choices=sorted(ENV_SETTINGS), default="reverse")
+    p.add_argument("--env", default="reverse", help="reverse, calculator, or an environment of yours: module:Class")
+    p.add_argument("--reward", default=None, help="the producers' reward: a name in expstore_rl.rewards or module:function")
+    p.add_argument("--model", default="", help="a Hugging Face causal LM directory (default: the toy model)")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--group-size", type=int, default=8)
@@ -112,14 +136,22 @@ def run(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
-    out = Path(a.out) / f"{a.algo}-{a.env}"
+    try:
+        plugins.env_factory(a.env)
+        if a.reward:
+            plugins.reward(a.reward)
+    except ValueError as e:
+        p.error(str(e))
+    settings = ENV_SETTINGS.get(a.env, DEFAULT_SETTINGS)
+    out = Path(a.out) / f"{a.algo}-{a.env.replace(':', '.')}"
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / "metrics.jsonl", out / "metrics.png"):
         stale.unlink(missing_ok=True)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="expstore-demo-") as tmp:
         weights_uri = f"file://{tmp}/weights"
-        common = dict(weights_uri=weights_uri, out=str(out), steps=a.steps, seed=a.seed, lr=a.lr,
+        common = dict(model=str(Path(a.model).absolute()) if a.model else "", weights_uri=weights_uri, out=str(out),
+                      steps=a.steps, seed=a.seed, lr=a.lr,
                       num_minibatches=a.num_minibatches, entropy_coef=a.entropy_coef,
                       kl_coef=a.kl_coef,
                       checkpoint_every=0, resume=False, table="rollouts",
@@ -129,10 +161,11 @@ def run(argv: list[str] | None = None) -> dict:
                if a.algo == "grpo" else ppo.PPOConfig(**common, batch_size=batch))
 
         # 2. warm-up and version 0
-        model = build_model(cfg.model_config(), cfg.seed)
-        steps = ENV_SETTINGS[a.env]["warmup_steps"] if a.warmup_steps is None else a.warmup_steps
-        loss = trainer.supervised_warmup(model, warmup_examples(a.env, 2048, a.seed), steps, seed=a.seed)
-        weights.publish(model.state_dict(), model.config.to_dict(), weights_uri, 0)
+        model = trainer.build_policy(cfg)
+        tok = chat.HFChat.from_pretrained(a.model) if a.model else CharTokenizer()
+        steps = settings["warmup_steps"] if a.warmup_steps is None else a.warmup_steps
+        loss = trainer.supervised_warmup(model, warmup_examples(a.env, 2048, a.seed, tok), steps, seed=a.seed)
+        trainer.publish(model, cfg, 0, Dist())
         print(f"warm-up: {steps} supervised steps, loss {loss:.3f}; published v0", flush=True)
 
         # 1, 3, 4. server, table, producers; train here
@@ -140,10 +173,11 @@ def run(argv: list[str] | None = None) -> dict:
                                                 free_port(a.console_port) if a.console_port else 0)
         try:
             cfg.target = address
-            s = ENV_SETTINGS[a.env]
+            s = settings
             flags = launch.build_parser().parse_args(
                 ["--algo", a.algo, "--producers", str(a.producers), "--env", a.env, "--group-size", str(a.group_size),
-                 "--max-tokens", str(s["max_tokens"]), "--max-turns", str(s["max_turns"]), "--logs", str(out)])
+                 "--max-tokens", str(s["max_tokens"]), "--max-turns", str(s["max_turns"]), "--logs", str(out)]
+                + (["--reward", a.reward] if a.reward else []))
             launch.prepare(flags, cfg)
             print(f"server {address}, {a.producers} producers, training {a.algo} on {a.env}", flush=True)
             if console:

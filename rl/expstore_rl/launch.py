@@ -14,10 +14,12 @@ before ``--`` are the launcher's and the producers'; flags after it are the trai
 The bearer token (one for both roles) comes from EXPSTORE_TOKEN, or the trainer's
 ``--token``; producers receive it in their environment or as an actor argument, never
 on a command line, which every local user can read.
-What both sides must agree on (server, table, weights location, sampling parameters,
-group size) is taken from the trainer's config and handed to the producers, and the
-launcher makes the table and version 0 before either starts, so no producer races the
-trainer to them.
+What both sides must agree on (server, table, weights location, model directory
+``--model``, sampling parameters, group size) is taken from the trainer's config and
+handed to the producers, and the launcher makes the table and version 0 before either
+starts, so no producer races the trainer to them. ``--env`` and ``--reward`` may name
+your own code (``module:Class``, ``module:function``: plugins.py); they are imported here
+first, so a typo stops the launch before anything starts.
 
 Without ``--ray-address`` a single-node Ray is started here, on 127.0.0.1 only
 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: otherwise Ray binds to the machine's other
@@ -37,7 +39,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import grpo, ppo, trainer, weights
+from . import grpo, hf, plugins, ppo, trainer, weights
+from .distributed import Dist
 
 ALGOS = {"grpo": (grpo.GRPOConfig, grpo.train), "ppo": (ppo.PPOConfig, ppo.train)}
 
@@ -48,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Trainer flags follow `--`.")
     p.add_argument("--algo", choices=sorted(ALGOS), default="grpo")
     p.add_argument("--producers", type=int, default=2)
-    p.add_argument("--env", choices=sorted(ENVS), default="reverse")
+    p.add_argument("--env", default="reverse", help=f"a built-in environment ({', '.join(sorted(ENVS))}) or module:Class")
+    p.add_argument("--reward", default=None, help="the producers' reward: a name in expstore_rl.rewards or module:function")
     p.add_argument("--engine", choices=["torch", "vllm"], default="torch")
     p.add_argument("--max-tokens", type=int, default=8, help="generated tokens per turn")
     p.add_argument("--max-turns", type=int, default=1)
@@ -68,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def producer_argv(a: argparse.Namespace, cfg: trainer.TrainConfig, index: int) -> list[str]:
     """Flags of ``python -m expstore_rl.producer`` for producer ``index``: the trainer's
-    store, weights and sampling distribution; a seed of its own. Never the token: any
+    store, weights, model and sampling distribution; a seed of its own. Never the token: any
     local user can read a command line (/proc/PID/cmdline); producers get the trainer's
     token in their environment (``start_producer``) or as an actor argument."""
     argv = ["--server", cfg.target, "--table", cfg.table, "--weights-uri", cfg.weights_uri,
@@ -76,12 +80,14 @@ def producer_argv(a: argparse.Namespace, cfg: trainer.TrainConfig, index: int) -
             "--seed", str(cfg.seed + 1 + index), "--max-tokens", str(a.max_tokens), "--max-turns", str(a.max_turns),
             "--concurrency", str(a.concurrency), "--temperature", str(cfg.temperature),
             "--top-k", str(cfg.top_k), "--top-p", str(cfg.top_p), "--log-every", "0"]
+    argv += ["--model", cfg.model] if cfg.model else []
+    argv += ["--reward", a.reward] if a.reward else []
     return argv + (["--num-groups", str(a.num_groups)] if a.num_groups is not None else [])
 
 
 def prepare(a: argparse.Namespace, cfg: trainer.TrainConfig) -> None:
-    """The table (if missing) and a published version 0 (if none): what producers and
-    trainer both need before they start."""
+    """The table (if missing) and a published version 0 (if none; with ``--model``'s
+    tokenizer files): what producers and trainer both need before they start."""
     from expstore_client import connect
 
     group_size = getattr(cfg, "group_size", None)
@@ -90,7 +96,7 @@ def prepare(a: argparse.Namespace, cfg: trainer.TrainConfig) -> None:
         trainer.create_table(client, cfg, batch, group_size)
     if weights.latest_version(cfg.weights_uri) is None:
         policy, _ = trainer.initial_policy(cfg)
-        weights.publish(policy.state_dict(), policy.config.to_dict(), cfg.weights_uri, 0)
+        trainer.publish(policy, cfg, 0, Dist())
 
 
 class ProducerActor:
@@ -193,6 +199,16 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     cfg.out = str(Path(cfg.out).absolute())  # actors may run elsewhere than this cwd
     if a.producers < 0:
         raise SystemExit("--producers must be >= 0")
+    try:  # the producers' code, found here before any of them starts (they fail alone otherwise)
+        plugins.env_factory(a.env)
+        if a.reward:
+            plugins.reward(a.reward)
+        if cfg.model:
+            hf.require_model_dir(cfg.model)
+    except ValueError as e:
+        raise SystemExit(f"python -m expstore_rl.launch: {e}") from None
+    if cfg.model:
+        cfg.model = str(Path(cfg.model).absolute())  # as out: actors may run elsewhere
     prepare(a, cfg)
     return (run_ray if a.ray else run_local)(a, cfg)
 

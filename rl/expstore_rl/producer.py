@@ -21,6 +21,11 @@ Run as a program::
 
     python -m expstore_rl.producer --server 127.0.0.1:50051 --table rollouts \\
         --weights-uri file:///tmp/weights --env reverse --engine torch --group-size 8
+    python -m expstore_rl.producer ... --model ./my-qwen --env mypkg.envs:Countdown \\
+        --reward mypkg.rewards:score --engine vllm      # your model, environment and reward
+
+Without ``--model`` the policy is the toy model of model.py with CharTokenizer; with it,
+any Hugging Face causal LM directory (hf.py), its tokenizer and chat template (chat.py).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import grpc
 from expstore_client import AsyncClient, ShardedClient, names_shards
 
-from . import agent, weights
+from . import agent, chat, hf, plugins, weights
 from .engines.base import Engine, SamplingParams
 from .partials import Partials
 from .envs.base import Env
@@ -269,23 +274,27 @@ class Producer:
         return m
 
 
-def build_engine(kind: str, weights_uri: str | None, device: str, seed: int) -> Engine:
-    """The CLI's engine: the newest published weights, or (torch only) a fresh model."""
+def build_engine(kind: str, weights_uri: str | None, device: str, seed: int, model: str | None = None) -> Engine:
+    """The CLI's engine: the newest published version under ``weights_uri``; else, as
+    version 0, the ``model`` directory, or (torch only) a fresh toy model (vLLM waits
+    for a published version then)."""
     latest = weights.latest_version(weights_uri) if weights_uri else None
     if kind == "vllm":
         from .engines.vllm_engine import VLLMEngine
-        while latest is None:  # vLLM loads from a published directory
+        while latest is None and model is None:  # vLLM loads from a model directory
             log.info("waiting for a published version under %s", weights_uri)
             time.sleep(1.0)
             latest = weights.latest_version(weights_uri)
+        if latest is None:
+            return VLLMEngine(str(hf.require_model_dir(model)), version=0)
         return VLLMEngine(weights.local_path(weights_uri, latest), version=latest)
     from .engines.torch_engine import TorchEngine
+    if latest is not None:
+        return TorchEngine(hf.load_model(weights.local_path(weights_uri, latest)), device, version=latest)
+    if model is not None:
+        return TorchEngine(hf.load_model(model), device, version=0)
     from .model import ModelConfig, build_model
-    if latest is None:
-        return TorchEngine(build_model(ModelConfig(), seed), device, version=0)
-    import transformers
-    model = transformers.LlamaForCausalLM.from_pretrained(weights.local_path(weights_uri, latest))
-    return TorchEngine(model, device, version=latest)
+    return TorchEngine(build_model(ModelConfig(), seed), device, version=0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -297,7 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bearer token with the producer role (env EXPSTORE_TOKEN: a command line is readable by "
                         "every local user, the environment is not)")
     p.add_argument("--weights-uri", default=None, help="fsspec uri of published versions (weights.publish)")
-    p.add_argument("--env", choices=sorted(ENVS), default="reverse")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face causal LM directory (its tokenizer and chat template too); default: the toy model")
+    p.add_argument("--env", default="reverse",
+                   help=f"a built-in environment ({', '.join(sorted(ENVS))}) or module:Class")
     p.add_argument("--engine", choices=["torch", "vllm"], default="torch")
     p.add_argument("--device", default="cpu")
     p.add_argument("--group-size", type=int, default=8)
@@ -309,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reward", default=None, help="a reward of expstore_rl.rewards by name (default: the env's)")
+    p.add_argument("--reward", default=None,
+                   help="a reward of expstore_rl.rewards by name, or module:function (default: the env's)")
     p.add_argument("--log-every", type=int, default=10, help="print metrics as JSON every N groups")
     p.add_argument("--partials", action=argparse.BooleanOptionalAction, default=True,
                    help="store groups interrupted by a stop in <table>_partial and continue stored ones first")
@@ -321,17 +334,23 @@ def build_parser() -> argparse.ArgumentParser:
 def from_args(argv: list[str] | None = None, token: str | None = None) -> tuple[Producer, int | None]:
     """The producer the CLI flags describe (engine loaded), and its ``--num-groups``;
     ``token``, when given, instead of ``--token`` / EXPSTORE_TOKEN."""
-    from . import rewards
-    from .envs import ENVS
-    a = build_parser().parse_args(argv)
-    engine = build_engine(a.engine, a.weights_uri, a.device, a.seed)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        env_factory = plugins.env_factory(a.env)
+        reward_fn = plugins.reward(a.reward) if a.reward else None
+        tokenizer = chat.HFChat.from_pretrained(str(hf.require_model_dir(a.model))) if a.model else CharTokenizer()
+        if env_factory().tools:  # a template that cannot frame a tool result fails now, not in every episode
+            tokenizer.observation_ids("", "tool", None)
+    except ValueError as e:
+        parser.error(str(e))
+    engine = build_engine(a.engine, a.weights_uri, a.device, a.seed, a.model)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
     config = ProducerConfig(concurrency=a.concurrency, seed=a.seed, log_every=a.log_every, partials=a.partials,
                             interrupt_on_update=a.interrupt_on_update,
                             agent=agent.AgentConfig(max_turns=a.max_turns, engine_name=a.engine))
-    producer = Producer(a.server, a.table, engine, ENVS[a.env], group_size=a.group_size, weights_uri=a.weights_uri,
-                        params=params, token=token or a.token, reward_fn=getattr(rewards, a.reward) if a.reward else None,
-                        config=config)
+    producer = Producer(a.server, a.table, engine, env_factory, group_size=a.group_size, weights_uri=a.weights_uri,
+                        params=params, token=token or a.token, tokenizer=tokenizer, reward_fn=reward_fn, config=config)
     return producer, a.num_groups
 
 

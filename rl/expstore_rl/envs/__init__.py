@@ -5,6 +5,6 @@ from .calculator import Calculator
 from .reverse import ReverseDigits
 
 ENVS = {"reverse": ReverseDigits, "calculator": Calculator}
-"""Environment names for the producer CLI (--env)."""
+"""Built-in environment names for --env (which also takes module:Class: plugins.py)."""
 
 __all__ = ["ENVS", "Calculator", "Env", "ReverseDigits"]
