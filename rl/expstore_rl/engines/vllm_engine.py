@@ -16,6 +16,10 @@ re-runs the head's weight processing (on CPU it keeps a repacked copy for its GE
 Sampling seeds: row i of a generate call uses ``params.seed + i`` (vLLM seeds each
 request; one seed for all would give identical samples for a group's identical prompts).
 
+Concurrency: ``vllm.LLM`` is not thread-safe (two threads in ``generate`` corrupt its
+scheduler's bookkeeping), and the producer runs its groups' generate calls in threads, so
+one call runs at a time (a lock, also taken by ``load_weights``).
+
 vLLM is imported when this module is; ``import expstore_rl.engines`` does not. On CPU set
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_CPU_KVCACHE_SPACE`` and keep it on loopback
 (``VLLM_HOST_IP=127.0.0.1``, ``GLOO_SOCKET_IFNAME=lo``); in-process, vLLM replaces
@@ -25,6 +29,7 @@ vLLM is imported when this module is; ``import expstore_rl.engines`` does not. O
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 import vllm
@@ -42,6 +47,7 @@ class VLLMEngine:
             kwargs["max_model_len"] = max_model_len
         self.llm = vllm.LLM(**{**kwargs, **llm_kwargs})
         self.version = version
+        self._lock = threading.Lock()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         sps = [vllm.SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
@@ -49,7 +55,8 @@ class VLLMEngine:
                                    seed=None if params.seed is None else params.seed + i,
                                    stop_token_ids=list(params.stop_token_ids), ignore_eos=True, logprobs=0,
                                    detokenize=False) for i in range(len(prompts))]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False)
+        with self._lock:
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False)
         gens = []
         for out in outs:
             c = out.outputs[0]
@@ -61,6 +68,10 @@ class VLLMEngine:
         return ResubmitSession(self, prompts)
 
     def load_weights(self, path_or_state_dict, version: int) -> None:
+        with self._lock:
+            self._load(path_or_state_dict, version)
+
+    def _load(self, path_or_state_dict, version: int) -> None:
         if isinstance(path_or_state_dict, (str, os.PathLike)):
             path = str(path_or_state_dict)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
