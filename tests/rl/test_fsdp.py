@@ -1,6 +1,7 @@
 """GRPO and PPO steps under FSDP2 on 2 gloo processes (torchrun, 127.0.0.1) equal the same
-steps in one process (PPO: policy and critic both sharded). This file is also the torchrun
-worker (``__main__`` below)."""
+steps in one process (PPO: policy and critic both sharded), for the toy model and for a
+Hugging Face model directory (``--model``). This file is also the torchrun worker
+(``__main__`` below)."""
 
 from __future__ import annotations
 
@@ -67,20 +68,22 @@ def ppo_config(root: Path) -> ppo.PPOConfig:
                             "batch_size": 16})
 
 
-def run(algo: str, root: Path) -> None:
+def run(algo: str, root: Path, model: str = "") -> None:
     if algo == "grpo":
-        grpo.train(config(root), FakeSource())
+        grpo.train(config(root, model=model), FakeSource())
     else:
         ppo.train(ppo_config(root), FakeSource())
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_two_process_fsdp_step_equals_the_single_process_step(tmp_path, algo):
+@pytest.mark.parametrize("algo,own_model", [("grpo", False), ("ppo", False), ("grpo", True)],
+                         ids=["grpo", "ppo", "grpo-own-model"])
+def test_two_process_fsdp_step_equals_the_single_process_step(tmp_path, algo, own_model, request):
     single, sharded = tmp_path / "single", tmp_path / "fsdp"
-    run(algo, single)
+    model = str(request.getfixturevalue("hf_model_dir")) if own_model else ""
+    run(algo, single, model)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           __file__, algo, str(sharded)]
+           __file__, algo, str(sharded), model]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -97,8 +100,10 @@ def test_two_process_fsdp_step_equals_the_single_process_step(tmp_path, algo):
     for key in keys + (["losses/value", "ppo/return_mean", "ppo/explained_variance", "optim/critic_grad_norm"] if algo == "ppo" else []):
         assert abs(m1[-1][key] - m2[-1][key]) <= 1e-4 * max(1.0, abs(m1[-1][key])), key
     assert (sharded / "run" / "checkpoints" / "latest").exists()  # DCP save under FSDP
+    if own_model:  # rank 0 published whole model directories
+        assert (sharded / "weights" / "v2" / "tokenizer.json").read_bytes() == Path(model, "tokenizer.json").read_bytes()
 
 
-if __name__ == "__main__":  # the torchrun worker: <algo> <root>
-    run(sys.argv[1], Path(sys.argv[2]))
+if __name__ == "__main__":  # the torchrun worker: <algo> <root> <model or "">
+    run(sys.argv[1], Path(sys.argv[2]), sys.argv[3])
     distributed.close()

@@ -1,6 +1,8 @@
 """The launcher against real expstore-servers: producers and a GRPO trainer as Ray actors
 on a local Ray bound to loopback, as local processes, and on a store of two shards."""
 
+import json
+import os
 import threading
 import time
 import uuid
@@ -135,3 +137,26 @@ def test_producer_and_trainer_read_the_token_from_the_environment(monkeypatch):
     assert cfg.token == "from-env" and trainer.parse(grpo.GRPOConfig, ["--token", "flag"]).token == "flag"
     assert producer.build_parser().parse_args(["--table", "t"]).token == "from-env"
     assert "from-env" not in launch.producer_argv(launch.build_parser().parse_args([]), cfg, 0)
+
+
+def test_your_model_env_and_reward_through_the_launcher_which_makes_the_table_first(
+        shared_server, client, table_name, tmp_path, hf_model_dir, monkeypatch):
+    code = Path(__file__).resolve().parent  # tests/rl/user_code.py, on the path as a user's package would be
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
+    uri, seen, start = f"file://{tmp_path}/weights", [], launch.start_producer
+
+    def start_producer(argv, log, token=""):  # what a producer finds when it starts
+        seen.append((client.describe(table_name).name, weights.versions(uri), argv[argv.index("--model") + 1]))
+        return start(argv, log, token)
+
+    monkeypatch.setattr(launch, "start_producer", start_producer)
+    out = launch.run(["--producers", "1", "--env", "user_code:Countdown", "--reward", "user_code:marked",
+                      "--max-tokens", "4", "--max-turns", "3", "--logs", str(tmp_path / "logs"), "--",
+                      *trainer_flags(shared_server.address, tmp_path, table_name), "--model", str(hf_model_dir)])
+    assert out["trainer"] == {"steps": 2, "policy_version": 2}
+    assert seen == [(table_name, [0], str(hf_model_dir))]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/reward_mean"] for r in rows] == [0.25, 0.25]  # user_code.marked scored countdown rows
+    v2 = Path(weights.local_path(uri, 2))
+    assert (v2 / "tokenizer.json").read_bytes() == (hf_model_dir / "tokenizer.json").read_bytes()

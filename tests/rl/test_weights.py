@@ -1,5 +1,6 @@
 import json
 import uuid
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -73,3 +74,19 @@ def test_remote_uri_downloads_once_to_the_local_cache(tmp_path, models, monkeypa
     assert torch.equal(weights.load_dir(path)["model.norm.weight"], m2.model.norm.weight)
     fsspec.filesystem("memory").rm(uri.split("://")[1] + "/v1/model.safetensors")
     assert weights.local_path(uri, 1) == path  # served from the cache
+
+
+def test_a_version_carries_the_models_other_files_and_a_remote_one_downloads_them(tmp_path, models, monkeypatch):
+    m, _ = models
+    files = {"tokenizer.json": b'{"t": 1}', "chat_template.jinja": b"{{ messages }}"}
+    monkeypatch.setattr(weights, "CACHE_DIR", tmp_path / "cache")
+    for uri in (f"file://{tmp_path}/w", f"memory://weights-{uuid.uuid4().hex}"):
+        weights.publish(m.state_dict(), m.config.to_dict(), uri, 0, files)
+        path = weights.local_path(uri, 0)
+        got = {p.name: p.read_bytes() for p in Path(path).iterdir()}
+        assert set(got) == {"_PUBLISHED", "config.json", "model.safetensors", *files}
+        assert {k: got[k] for k in files} == files
+    for name in ("config.json", "_PUBLISHED", "model.safetensors", "../x", ".hidden"):
+        with pytest.raises(ValueError, match="cannot be an extra file"):
+            weights.publish(m.state_dict(), m.config.to_dict(), str(tmp_path / "bad"), 0, {name: b""})
+    assert weights.versions(str(tmp_path / "bad")) == []
