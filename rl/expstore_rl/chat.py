@@ -16,21 +16,23 @@ encoded once, never decoded and encoded again.
 - ``turn_ids(text, final)``: an assistant turn as a model would generate it (supervised
   warm-up only).
 
-``decode`` is only for parsing tool calls and for rewards; it leaves special tokens out,
-so an environment sees "84", not "84<|im_end|>".
+``decode`` is only for parsing tool calls, for the environment's ``step`` and for
+rewards; it leaves special tokens out, so an environment sees "84", not "84<|im_end|>".
 
-The framing comes from rendering, once, a conversation with placeholder contents:
-``[user U, assistant A]`` and ``[user U, assistant A, ROLE O]`` with the generation
-prompt. The text between A and O is what closes the assistant turn and opens the
-observation; the text after O closes it and opens the next assistant turn. Its first id,
-when it is a special token (``<|im_end|>``, ``<|eot_id|>``), is the template's end of
-turn: generation stops there or at the tokenizer's eos, and when a turn ended on one of
-it that id is not appended again. A template that cannot render a role, or that does
-not keep the placeholders in order, is refused with an error naming it.
+The framing comes from rendering, once per role, a conversation with placeholder
+contents, ``[user U, assistant A, ROLE O]`` with the generation prompt. The text between
+A and O is what closes the assistant turn and opens the observation; the text after O
+closes it and opens the next assistant turn. Its first id, when it is a special token
+(``<|im_end|>``, ``<|eot_id|>``), is the template's end of turn: generation stops there,
+at the tokenizer's eos and at the eos ids of the model's ``generation_config.json``
+(Qwen2.5 lists ``<|endoftext|>`` too); after a turn that ended on the end of turn, that
+id is not appended again. A template that cannot render a role, or that does not keep
+the placeholders in order, is refused with an error naming it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Protocol, Sequence
 
@@ -62,9 +64,10 @@ class ChatFormat(Protocol):
 
 class HFChat:
     """The ChatFormat of a Hugging Face tokenizer with a chat template (see the module
-    docstring). ``name`` names the tokenizer in errors (its directory)."""
+    docstring). ``name`` names the tokenizer in errors (its directory); ``stops``: more
+    ids that end a turn (the model's generation eos ids)."""
 
-    def __init__(self, tokenizer, name: str = "the tokenizer") -> None:
+    def __init__(self, tokenizer, name: str = "the tokenizer", stops: Sequence[int] = ()) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"{name} has no chat template: the producer needs one to frame prompts and "
                              "observations (docs/rl.md, 'Your own model')")
@@ -76,7 +79,7 @@ class HFChat:
         special = set(tokenizer.all_special_ids)
         self.end_of_turn = head[0] if head and head[0] in special else None
         """The template's end-of-turn id (the first id after an assistant message), if special."""
-        stops = {i for i in (self.eos_id, self.end_of_turn) if i is not None}
+        stops = {i for i in (self.eos_id, self.end_of_turn, *stops) if i is not None}
         if not stops:
             raise ValueError(f"{name}: neither an eos token nor a special end-of-turn token in its chat template; "
                              "generation would never stop")
@@ -84,10 +87,16 @@ class HFChat:
 
     @classmethod
     def from_pretrained(cls, path: str) -> "HFChat":
-        """The format of the tokenizer saved in the model directory ``path`` (no downloads)."""
+        """The format of the tokenizer saved in the model directory ``path``, stopping also
+        at the eos ids of its generation_config.json if it has one (no downloads)."""
         import transformers
 
-        return cls(transformers.AutoTokenizer.from_pretrained(path, local_files_only=True), f"tokenizer of {path}")
+        stops: list[int] = []
+        if os.path.isfile(os.path.join(path, "generation_config.json")):
+            eos = transformers.GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+            stops = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(transformers.AutoTokenizer.from_pretrained(path, local_files_only=True), f"tokenizer of {path}",
+                   stops)
 
     # -- the ChatFormat ---------------------------------------------------------------
 

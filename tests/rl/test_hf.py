@@ -85,6 +85,15 @@ def test_observations_are_the_templates_framing_around_text_encoded_once(fmt):
     assert fmt.decode(fmt.encode("84") + [end]) == "84"  # special tokens left out for envs and rewards
 
 
+def test_generation_stops_at_the_models_other_eos_ids_too(hf_model_dir, fmt, tmp_path):
+    model_dir = tmp_path / "qwen-like"  # a generation config listing <|endoftext|> too, as Qwen2.5's does
+    shutil.copytree(hf_model_dir, model_dir)
+    eos = [tok_id(fmt, "<|im_end|>"), tok_id(fmt, "<|endoftext|>")]
+    transformers.GenerationConfig(eos_token_id=eos).save_pretrained(model_dir)
+    assert chat.HFChat.from_pretrained(str(model_dir)).stop_ids(tools=False) == tuple(sorted(eos))
+    assert fmt.stop_ids(tools=False) == (eos[0],)
+
+
 def tok_id(fmt, piece: str) -> int:
     ids = fmt.encode(piece)
     assert len(ids) == 1, piece
