@@ -6,6 +6,7 @@ publishing.
     python -m expstore_rl.grpo --target 127.0.0.1:50051 --table rollouts --group-size 8
     python -m expstore_rl.grpo ... --stream                  # every group exactly once
     torchrun --nproc-per-node 2 -m expstore_rl.grpo ...      # FSDP2 over 2 processes
+    python -m expstore_rl.grpo ... --model ./my-qwen         # a Hugging Face model directory
 
 Producers (``python -m expstore_rl.producer``) fill the table with groups of
 ``group_size`` answers per prompt and reload weights as versions appear.
