@@ -1,8 +1,11 @@
 """End to end: server, two producers and the GRPO trainer on "reverse three digits"
-raise the mean reward (a real server subprocess, real producer subprocesses)."""
+raise the mean reward (a real server subprocess, real producer subprocesses); the same
+loop on a model, environment and reward of your own."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,3 +28,17 @@ def test_grpo_demo_raises_the_reward(tmp_path):
     assert max(r["charts/policy_version"] for r in rows) == 80
     assert (out / "metrics.png").stat().st_size > 0
     assert "mean reward" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_demo_runs_your_model_env_and_reward(tmp_path, hf_model_dir):
+    here = Path(__file__).resolve().parent  # tests/rl/user_code.py
+    cmd = [sys.executable, "-m", "expstore_rl.demo", "--model", str(hf_model_dir), "--env", "user_code:Countdown",
+           "--reward", "user_code:marked", "--steps", "3", "--producers", "1", "--warmup-steps", "5",
+           "--group-size", "2", "--groups-per-step", "2", "--out", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = metrics.read(tmp_path / "grpo-user_code.Countdown" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["rollout/reward_mean"] for r in rows] == [0.25] * 3  # user_code.marked scored countdown rows
