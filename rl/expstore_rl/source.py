@@ -32,6 +32,7 @@ A call that fails with UNAVAILABLE (a server restarting) is retried for up to
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -246,6 +247,12 @@ def concat(a: SampleBatch, b: SampleBatch) -> SampleBatch:
                        np.concatenate([a.policy_versions, b.policy_versions]))
 
 
+def tokenizer_spec(cfg: TrainConfig) -> str:
+    """What the table's metadata names as its tokenizer (for the console): the toy
+    model's CharTokenizer, or ``hf:DIR`` of ``--model`` (absolute)."""
+    return f"hf:{os.path.abspath(cfg.model)}" if cfg.model else TOKENIZER
+
+
 def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | None, insert_size: int = 8) -> None:
     """The rollouts table, if missing: whole groups from the group sampler for GRPO, else
     single rows; newest first, oldest first or uniform (``sample_order``); each row
@@ -267,4 +274,4 @@ def create_table(client, cfg: TrainConfig, batch_size: int, group_size: int | No
                    "error_buffer": (batch_size + insert_size * max(1.0, spi)) / 2 + 1}
     kept = {"tiers": "remote", "archive": True} if cfg.archive else {}
     client.create_table(cfg.table, sampler=sampler, max_times_sampled=1, max_staleness=cfg.max_staleness,
-                        rate_limiter=limiter, if_not_exists=True, metadata={"tokenizer": TOKENIZER}, **kept)
+                        rate_limiter=limiter, if_not_exists=True, metadata={"tokenizer": tokenizer_spec(cfg)}, **kept)

@@ -328,6 +328,7 @@ def test_producer_and_grpo_on_your_model_env_and_reward(hf_model_dir, shared_ser
     flags = launch.build_parser().parse_args(["--env", "user_code:Countdown", "--reward", "user_code:digits",
                                               "--max-tokens", "5", "--max-turns", "3"])
     launch.prepare(flags, cfg)  # the table, and v0 from --model with its tokenizer files
+    assert client.describe(table_name).config["metadata"] == {"tokenizer": f"hf:{hf_model_dir}"}  # for the console
     source = trainer.StoreSource(cfg, Dist(), 4, 2)
     batches = recording(source)
     for steps in (1, 2):  # each step trains on 2 groups the producer made with the newest version
