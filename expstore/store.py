@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from expstore_proto import arrow_ipc
 from rocksdict import WriteBatch
 
 from .errors import AlreadyExists, DataLoss, ExpstoreError, FailedPrecondition, NotFound, Unavailable
 from .journal import Journal
-from .proto import arrow_ipc
 from .spec import TableSpec
 from .table import Storage, Table
 from .tiers.checksums import RemoteChecksums

@@ -1,8 +1,9 @@
 """Regenerate the committed protobuf/gRPC stubs (`make proto`).
 
-The proto tree mirrors the Python package (expstore/proto/v1/expstore.proto ->
-expstore.proto.v1.expstore_pb2), so generated imports work as they are. With --check,
-generate into a temporary directory and fail if the committed stubs differ.
+The proto tree mirrors the Python package (client/expstore_proto/v1/expstore.proto ->
+expstore_proto.v1.expstore_pb2, in the expstore-client distribution), so generated imports
+work as they are. With --check, generate into a temporary directory and fail if the
+committed stubs differ.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 
 from grpc_tools import protoc
 
-ROOT = Path(__file__).resolve().parent.parent
-PROTOS = ["expstore/proto/v1/expstore.proto"]
+ROOT = Path(__file__).resolve().parent.parent / "client"  # the import root of expstore_proto
+PROTOS = ["expstore_proto/v1/expstore.proto"]
 OUTPUTS = ["expstore_pb2.py", "expstore_pb2.pyi", "expstore_pb2_grpc.py"]
 
 

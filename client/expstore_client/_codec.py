@@ -9,11 +9,11 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from expstore.proto import arrow_ipc
-from expstore.proto import framing
-from expstore.proto.messages import message_to_dict
-from expstore.proto.service import INSERT_PAYLOAD
-from expstore.proto.v1 import expstore_pb2 as pb
+from expstore_proto import arrow_ipc
+from expstore_proto import framing
+from expstore_proto.messages import message_to_dict
+from expstore_proto.service import INSERT_PAYLOAD
+from expstore_proto.v1 import expstore_pb2 as pb
 
 from .batch import SampleBatch
 

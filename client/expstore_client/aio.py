@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from expstore.proto.v1 import expstore_pb2 as pb
-from expstore.proto.service import client_stub
+from expstore_proto.v1 import expstore_pb2 as pb
+from expstore_proto.service import client_stub
 
 from . import _codec
 from ._codec import InsertResult, PriorityUpdate, TableInfo

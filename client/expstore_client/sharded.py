@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from expstore.proto.v1 import expstore_pb2 as pb
+from expstore_proto.v1 import expstore_pb2 as pb
 
 from . import _codec, _merge, _shard_ids
 from ._codec import InsertResult, PriorityUpdate, TableInfo

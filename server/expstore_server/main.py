@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from expstore import checkpoint
 from expstore.errors import ExpstoreError
-from expstore.proto.service import SERVICE, server_handler
+from expstore_proto.service import SERVICE, server_handler
 from expstore.store import Store
 from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, lance_storage_options
 

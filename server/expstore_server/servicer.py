@@ -28,9 +28,9 @@ import numpy as np
 
 from expstore import query
 from expstore.errors import DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument, Unavailable
-from expstore.proto import arrow_ipc, framing
-from expstore.proto.service import ROWS_PAYLOAD, Malformed
-from expstore.proto.v1 import expstore_pb2 as pb
+from expstore_proto import arrow_ipc, framing
+from expstore_proto.service import ROWS_PAYLOAD, Malformed
+from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.store import Store
 from expstore.table import Table
 from expstore.turns import Turn

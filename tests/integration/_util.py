@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from expstore.proto import arrow_ipc
-from expstore.proto.v1 import expstore_pb2 as pb
-from expstore.proto.v1 import expstore_pb2_grpc as pb_grpc
+from expstore_proto import arrow_ipc
+from expstore_proto.v1 import expstore_pb2 as pb
+from expstore_proto.v1 import expstore_pb2_grpc as pb_grpc
 from expstore.synthetic import trajectories
 from certs import self_signed
 

@@ -113,7 +113,7 @@ def test_grace_period_bounds_shutdown(server_factory):
 
 
 def test_insert_timeout_zero_does_not_wait(server_factory):
-    """InsertRequest.timeout_s = 0: do not wait for the rate limiter (expstore.proto)."""
+    """InsertRequest.timeout_s = 0: do not wait for the rate limiter (expstore_proto)."""
     s = server_factory()
     with Client(s.address) as c:
         c.create_table("t", rate_limiter={"type": "sample_to_insert_ratio", "samples_per_insert": 1.0,

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from expstore_client import Client
 
-from expstore.proto.service import client_stub
-from expstore.proto.v1 import expstore_pb2 as pb
+from expstore_proto.service import client_stub
+from expstore_proto.v1 import expstore_pb2 as pb
 
 from ._util import rpc_error, self_signed, start_server, trajectories, wait_until, with_loss_mask
 

@@ -85,6 +85,7 @@ def test_dockerfile_runs_as_non_root_from_python_slim():
     assert user.split(":")[0] not in ("root", "0")
     (install,) = [r for r in instructions("RUN") if "pip install" in r]
     assert re.search(r'"\.\[(.*)\]"', install)[1] == "s3"  # the S3 tier; no [rl] (torch), no [dev]
+    assert "./client" in install.split()  # expstore-client comes from the context, not a package index
 
 
 def test_dockerfile_healthcheck_is_the_installed_health_client():

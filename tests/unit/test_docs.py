@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from expstore.proto.v1 import expstore_pb2 as pb
+from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.synthetic import trajectories
 from expstore.store import Store

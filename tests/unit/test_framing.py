@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from expstore.proto import arrow_ipc, framing, service
-from expstore.proto.v1 import expstore_pb2 as pb
+from expstore_proto import arrow_ipc, framing, service
+from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.synthetic import trajectories
 
 floats = st.floats(allow_nan=False)

@@ -1,4 +1,4 @@
-"""expstore.proto.ipc_size: decoded sizes read before decoding, row sizes, and splitting
+"""expstore_proto.ipc_size: decoded sizes read before decoding, row sizes, and splitting
 batches by them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from expstore.proto import arrow_ipc, ipc_size
+from expstore_proto import arrow_ipc, ipc_size
 from expstore.synthetic import trajectories
 
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from expstore.proto.v1 import expstore_pb2 as expstore_dot_proto_dot_v1_dot_expstore__pb2
+from expstore_proto.v1 import expstore_pb2 as expstore__proto_dot_v1_dot_expstore__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in expstore/proto/v1/expstore_pb2_grpc.py depends on'
+        + ' but the generated code in expstore_proto/v1/expstore_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,88 +36,88 @@ class ExperienceStoreStub:
         """
         self.CreateTable = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/CreateTable',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CreateTableRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.CreateTableRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
                 _registered_method=True)
         self.DropTable = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/DropTable',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.DropTableRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.DropTableResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.DropTableRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.DropTableResponse.FromString,
                 _registered_method=True)
         self.ListTables = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/ListTables',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ListTablesRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ListTablesResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ListTablesRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
         self.DescribeTable = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/DescribeTable',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.DescribeTableRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.DescribeTableRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
                 _registered_method=True)
         self.Insert = channel.stream_unary(
                 '/expstore.v1.ExperienceStore/Insert',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
                 _registered_method=True)
         self.Sample = channel.unary_stream(
                 '/expstore.v1.ExperienceStore/Sample',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.SampleRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.SampleRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
                 _registered_method=True)
         self.Stream = channel.unary_stream(
                 '/expstore.v1.ExperienceStore/Stream',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StreamRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.StreamRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
                 _registered_method=True)
         self.Ack = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/Ack',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.AckRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.AckResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.AckRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.AckResponse.FromString,
                 _registered_method=True)
         self.UpdatePriorities = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/UpdatePriorities',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesResponse.FromString,
                 _registered_method=True)
         self.SetPolicyVersion = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/SetPolicyVersion',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_stream(
                 '/expstore.v1.ExperienceStore/Get',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.GetRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/Stats',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.Query = channel.unary_stream(
                 '/expstore.v1.ExperienceStore/Query',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.QueryRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.QueryRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
                 _registered_method=True)
         self.CommitCut = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/CommitCut',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.CommitCutRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.CommitCutResponse.FromString,
                 _registered_method=True)
         self.Resume = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/Resume',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ResumeResponse.FromString,
                 _registered_method=True)
         self.GetManifest = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/GetManifest',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.GetManifestRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.GetManifestResponse.FromString,
                 _registered_method=True)
         self.Checkpoint = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/Checkpoint',
-                request_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
-                response_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
                 _registered_method=True)
 
 
@@ -242,88 +242,88 @@ def add_ExperienceStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateTable': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTable,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CreateTableRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.TableInfo.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.CreateTableRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.TableInfo.SerializeToString,
             ),
             'DropTable': grpc.unary_unary_rpc_method_handler(
                     servicer.DropTable,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.DropTableRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.DropTableResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.DropTableRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.DropTableResponse.SerializeToString,
             ),
             'ListTables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTables,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ListTablesRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ListTablesResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ListTablesRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ListTablesResponse.SerializeToString,
             ),
             'DescribeTable': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeTable,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.DescribeTableRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.TableInfo.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.DescribeTableRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.TableInfo.SerializeToString,
             ),
             'Insert': grpc.stream_unary_rpc_method_handler(
                     servicer.Insert,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.InsertRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.InsertResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.SerializeToString,
             ),
             'Sample': grpc.unary_stream_rpc_method_handler(
                     servicer.Sample,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.SampleRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.SampleRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
             ),
             'Stream': grpc.unary_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StreamRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.StreamRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.AckRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.AckResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.AckRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.AckResponse.SerializeToString,
             ),
             'UpdatePriorities': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdatePriorities,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesResponse.SerializeToString,
             ),
             'SetPolicyVersion': grpc.unary_unary_rpc_method_handler(
                     servicer.SetPolicyVersion,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.SerializeToString,
             ),
             'Get': grpc.unary_stream_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.GetRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.StatsRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.StatsResponse.SerializeToString,
             ),
             'Query': grpc.unary_stream_rpc_method_handler(
                     servicer.Query,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.QueryRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.QueryRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.SerializeToString,
             ),
             'CommitCut': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitCut,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.CommitCutRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.CommitCutResponse.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
                     servicer.Resume,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ResumeRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ResumeResponse.SerializeToString,
             ),
             'GetManifest': grpc.unary_unary_rpc_method_handler(
                     servicer.GetManifest,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.GetManifestRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.GetManifestResponse.SerializeToString,
             ),
             'Checkpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.Checkpoint,
-                    request_deserializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointRequest.FromString,
-                    response_serializer=expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointResponse.SerializeToString,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,8 +351,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/CreateTable',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.CreateTableRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.CreateTableRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -378,8 +378,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/DropTable',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.DropTableRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.DropTableResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.DropTableRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.DropTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -405,8 +405,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/ListTables',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.ListTablesRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.ListTablesResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.ListTablesRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.ListTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -432,8 +432,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/DescribeTable',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.DescribeTableRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.DescribeTableRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.TableInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -459,8 +459,8 @@ class ExperienceStore:
             request_iterator,
             target,
             '/expstore.v1.ExperienceStore/Insert',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -486,8 +486,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Sample',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.SampleRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.SampleRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -513,8 +513,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Stream',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.StreamRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.StreamRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -540,8 +540,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Ack',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.AckRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.AckResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.AckRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.AckResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -567,8 +567,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/UpdatePriorities',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -594,8 +594,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/SetPolicyVersion',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -621,8 +621,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Get',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.GetRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.GetRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -648,8 +648,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Stats',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.StatsRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -675,8 +675,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Query',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.QueryRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.QueryRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.RowsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -702,8 +702,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/CommitCut',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.CommitCutResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.CommitCutRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.CommitCutResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -729,8 +729,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Resume',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.ResumeResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.ResumeRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.ResumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -756,8 +756,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/GetManifest',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.GetManifestResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.GetManifestRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.GetManifestResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -783,8 +783,8 @@ class ExperienceStore:
             request,
             target,
             '/expstore.v1.ExperienceStore/Checkpoint',
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
-            expstore_dot_proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
+            expstore__proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,
