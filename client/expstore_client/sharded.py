@@ -365,7 +365,12 @@ class ShardedClient:
         """Recompute rewards over every shard's rows (``expstore.audit``, one worker pool)
         into one report whose results carry a ``shard`` column. ``limit``: the rows with
         the lowest item ids, ties across shards by shard name."""
-        from expstore import audit as audit_mod
+        try:
+            from expstore import audit as audit_mod
+        except ImportError:
+            raise ImportError("ShardedClient.audit recomputes rewards with expstore.audit, part of the expstore "
+                              "distribution (the server's), not expstore-client: pip install ./client -e . "
+                              "from a checkout") from None
 
         quoted = '"' + table.replace('"', '""') + '"'
         cond = f" WHERE {where}" if where else ""

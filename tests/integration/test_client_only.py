@@ -97,10 +97,15 @@ def test_create_insert_sample_stream_query_from_the_client_venv(client_venv, ser
             batch.to_torch()
         except ImportError as e:
             out["to_torch"] = "ImportError"
+        from expstore_client.sharded import ShardedClient
+        try:  # reward audits run expstore.audit, which ships with the server
+            ShardedClient.audit(object.__new__(ShardedClient), "groups", "m:f")
+        except ImportError as e:
+            out["audit"] = "expstore distribution" in str(e)
         print(json.dumps(out))
     """)
     p = run_in(client_venv, code, tmp_path)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == {"inserted": 4, "sampled": ["t-0", "t-1", "t-2", "t-3"],
                                     "streamed": ["t-0", "t-1", "t-2", "t-3"], "query": [4, 6.0],
-                                    "to_torch": "ImportError"}
+                                    "to_torch": "ImportError", "audit": True}
