@@ -1,4 +1,5 @@
-"""``expstore``: look inside a store, query it with SQL, audit rewards, replay tool calls.
+"""``expstore``: look inside a store, query it with SQL, audit rewards, replay tool calls,
+export a table for training-data pipelines.
 
 Talks to a running server (``--server``, ``--token``), or reads data directly: a stopped
 server's data dir (``--data-dir``: the Store opened under its lock) or a remote tier or
@@ -25,6 +26,7 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 CELL = 40        # characters per cell of the aligned table
 TABLE_ROWS = 50  # rows the aligned table shows by default
 AUDIT_STREAM_S = 86_400.0  # the deadline of an audit's row stream: rows arrive as workers take them
+EXPORT_STREAM_S = 86_400.0  # the deadline of an export's row stream: rows arrive as shards are written
 
 
 class CliError(Exception):
@@ -95,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     from .console.serve import add_arguments
 
     add_arguments(s)
+    s = sub.add_parser("export", help="a table's rows as Parquet shards or a Hugging Face datasets directory")
+    s.add_argument("table")
+    s.add_argument("--out", required=True, metavar="DIR", help="the directory to create (must not exist)")
+    s.add_argument("--format", choices=["parquet", "hf"], default="parquet",
+                   help="parquet shards (default) or a datasets save_to_disk directory")
+    s.add_argument("--where", metavar="SQL", help="a SQL condition selecting the rows")
+    s.add_argument("--columns", metavar="SQL", help="the SELECT list (default *: stored and server columns)")
+    s.add_argument("--rows-per-shard", type=int, default=100_000, help="rows per shard (default 100000)")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
     return p
 
 
@@ -510,6 +522,20 @@ def cmd_checkpoint(b, args, out) -> int:
     return 0
 
 
+def cmd_export(b, args, out) -> int:
+    from .export import ExportError, export
+
+    try:
+        result = export(lambda sql: b.query(sql, 0, EXPORT_STREAM_S), args.table, Path(args.out), fmt=args.format,
+                        where=args.where, columns=args.columns, rows_per_shard=args.rows_per_shard,
+                        progress=args.progress)
+    except ExportError as e:
+        raise CliError(str(e)) from None
+    out.write(f"exported {result['rows']} rows of {args.table} to {result['out']} "
+              f"({result['shards']} {args.format} shard{'s' if result['shards'] != 1 else ''})\n")
+    return 0
+
+
 def _import(name: str, flag: str):
     try:
         return importlib.import_module(name)
@@ -537,7 +563,7 @@ def _console(args) -> int:
 
 COMMANDS = {"tables": cmd_tables, "describe": cmd_describe, "stats": cmd_stats, "query": cmd_query,
             "show": cmd_show, "manifest": cmd_manifest, "audit": cmd_audit, "replay": cmd_replay,
-            "checkpoint": cmd_checkpoint}
+            "checkpoint": cmd_checkpoint, "export": cmd_export}
 
 
 def error_message(e: BaseException, server: str) -> str:
