@@ -281,9 +281,10 @@ class Store:
                     raise DataLoss(f"table {name!r}: its record in the SSD tier is damaged")
                 record = json.loads(value)
                 table_id = record["id"]
-                spec = TableSpec.from_dict(record["spec"])
-                if record["schema"] is not None:
-                    spec = dataclasses.replace(spec, schema=arrow_ipc.decode_schema(bytes.fromhex(record["schema"])))
+                spec = dict(record["spec"])
+                if record["schema"] is not None:  # before validation: a generic table needs its schema
+                    spec["schema"] = arrow_ipc.decode_schema(bytes.fromhex(record["schema"]))
+                spec = TableSpec.from_dict(spec)
                 started = time.perf_counter()
                 table = self._open(spec, Storage(self.db, table_id, self._remote))
                 self.restored[spec.name] = result = table.restore()

@@ -122,3 +122,17 @@ def test_tables_are_independent():
     a.insert(rows(3))
     assert len(a) == 3 and len(b) == 0
     assert b.insert(rows(3)).item_ids.tolist() == [1, 2, 3]  # ids are per table
+
+
+def test_a_generic_table_is_restored_with_its_schema_and_rows(tmp_path):
+    schema = pa.schema([("key", pa.string()), ("value", pa.large_binary())])
+    store = Store(tmp_path / "d")
+    t = store.create_table(TableSpec("g", kind="generic", schema=schema, key_column="key"))
+    ids = t.insert(pa.table({"key": ["a", "b"], "value": [b"1", b"22"]}, schema=schema)).item_ids
+    store.close()
+    store = Store(tmp_path / "d")
+    assert not store.unopened
+    g = store.table("g")
+    assert g.schema.equals(schema)
+    assert g.get(ids).data.column("value").to_pylist() == [b"1", b"22"]
+    store.close()
