@@ -10,11 +10,14 @@ BIN := $(VENV)/bin
 DEV_STAMP := $(VENV)/.installed-dev
 PROJECT := pyproject.toml client/pyproject.toml
 
-# What `make serve` installs: the server with the web console, plus the extras named in
-# EXTRAS (e.g. `make serve EXTRAS=s3`, or EXTRAS=s3,rl).
+# What `make serve` installs: the server, the extras it always serves with
+# (ALWAYS_SERVE_EXTRAS, space-separated: the web console), and those named in EXTRAS
+# (e.g. `make serve EXTRAS=s3`, or EXTRAS=s3,rl).
+ALWAYS_SERVE_EXTRAS := console
 EXTRAS ?=
 comma := ,
-SERVE_EXTRAS := console$(if $(strip $(EXTRAS)),$(comma)$(strip $(EXTRAS)))
+space := $() $()
+SERVE_EXTRAS := $(subst $(space),$(comma),$(strip $(ALWAYS_SERVE_EXTRAS) $(subst $(comma),$(space),$(EXTRAS))))
 SERVE_STAMP := $(VENV)/.installed-serve$(if $(SERVE_EXTRAS),-$(subst $(comma),-,$(SERVE_EXTRAS)))
 
 .PHONY: install serve test test-fast bench proto demo clean browser
