@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -65,7 +65,8 @@ def export(query: Callable[[str], pa.RecordBatchReader], table: str, out: Path, 
         _import_datasets()  # fail before the query runs
     sql = export_sql(table, columns, where)
     total = _count(query, table, where)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.partial"  # the umask's permissions, not 0700
+    staging.mkdir()
     try:
         bar = _bar(total, sys.stderr.isatty() if progress is None else progress)
         with bar:

@@ -16,6 +16,12 @@ from expstore.synthetic import trajectories
 from expstore_client import Client
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "expstore_server.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env={**os.environ, "EXPSTORE_SERVER": "127.0.0.1:1"}, timeout=300)
@@ -55,6 +61,7 @@ def test_export_writes_the_selected_rows_as_parquet_shards(rollouts, tmp_path):
     for name in ("traj_id", "tokens", "loss_mask", "logprobs", "reward", "reward_components", "item_id"):
         assert got.column(name).to_pylist() == expected.column(name).to_pylist(), name
     assert p.stdout == f"exported {n} rows of rollouts to {out} ({len(shards)} parquet shards)\n"
+    assert out.stat().st_mode & 0o777 == 0o777 & ~_umask()  # a directory like any the user makes
     assert "export" in p.stderr and f"{n}/{n}" in p.stderr  # the progress bar, on stderr
 
 
