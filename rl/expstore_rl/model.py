@@ -52,11 +52,6 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> transformers.LlamaForCausalL
     return model.float().eval()
 
 
-def config_dict(model: transformers.PreTrainedModel) -> dict:
-    """The HF config.json content of ``model`` (what ``weights.publish`` expects)."""
-    return model.config.to_dict()
-
-
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
                    top_p: float = 1.0) -> torch.Tensor:
     """logits (..., V) -> the sampling distribution's logits: / temperature, then keep the
