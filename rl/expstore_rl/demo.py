@@ -39,6 +39,8 @@ import torch
 from . import chat, grpo, launch, metrics, plugins, ppo, trainer
 from .batching import Rollouts
 from .distributed import Dist
+from .losses import aggregate
+from .model import token_logprobs
 from .tokenizer import CharTokenizer
 
 # Per environment: producer generation limits and warm-up strength. The reverse warm-up
@@ -87,6 +89,25 @@ def warmup_examples(env: str, n: int, seed: int, tok: chat.ChatFormat | None = N
     attention = (torch.arange(width)[None] < torch.tensor([len(t) for t, _ in rows])[:, None]).float()
     zeros = torch.zeros(n)
     return Rollouts(tokens, attention, mask, torch.zeros_like(mask), zeros, torch.arange(n), zeros.long())
+
+
+def supervised_warmup(model: torch.nn.Module, examples: Rollouts, steps: int, lr: float = 3e-3,
+                      batch: int = 64, seed: int = 0) -> float:
+    """Teacher-forced cross-entropy on the loss_mask tokens of ``examples`` (prompt +
+    correct answer, ``warmup_examples``): a few steps give the fresh model the answer
+    format, so that RL starts from a non-zero reward. Returns the last loss."""
+    opt = trainer.make_optimizer(model, lr, 0.0)
+    gen = torch.Generator().manual_seed(seed)
+    loss = torch.zeros(())
+    model.train()
+    for _ in range(steps):
+        mb = examples.select(torch.randint(len(examples), (batch,), generator=gen))
+        logp = token_logprobs(model(input_ids=mb.tokens).logits, mb.tokens)  # (b, t)
+        loss = -aggregate(logp, mb.loss_mask, "token-mean")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
 
 
 def start_server(data_dir: Path, console_port: int = 0) -> tuple[subprocess.Popen, str, str | None]:
@@ -164,7 +185,7 @@ def run(argv: list[str] | None = None) -> dict:
         model = trainer.build_policy(cfg)
         tok = chat.HFChat.from_pretrained(a.model) if a.model else CharTokenizer()
         steps = settings["warmup_steps"] if a.warmup_steps is None else a.warmup_steps
-        loss = trainer.supervised_warmup(model, warmup_examples(a.env, 2048, a.seed, tok), steps, seed=a.seed)
+        loss = supervised_warmup(model, warmup_examples(a.env, 2048, a.seed, tok), steps, seed=a.seed)
         trainer.publish(model, cfg, 0, Dist())
         print(f"warm-up: {steps} supervised steps, loss {loss:.3f}; published v0", flush=True)
 

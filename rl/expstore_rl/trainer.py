@@ -302,28 +302,6 @@ def optimise(rollouts: Rollouts, objective: Objective, models: list[torch.nn.Mod
     return out
 
 
-# -- supervised warm-up ---------------------------------------------------------------
-
-
-def supervised_warmup(model: torch.nn.Module, examples: Rollouts, steps: int, lr: float = 3e-3,
-                      batch: int = 64, seed: int = 0) -> float:
-    """Teacher-forced cross-entropy on the loss_mask tokens of ``examples`` (prompt +
-    correct answer): a few steps give the fresh model the answer format, so that RL
-    starts from a non-zero reward. Returns the last loss."""
-    opt = make_optimizer(model, lr, 0.0)
-    gen = torch.Generator().manual_seed(seed)
-    loss = torch.zeros(())
-    model.train()
-    for _ in range(steps):
-        mb = examples.select(torch.randint(len(examples), (batch,), generator=gen))
-        logp = token_logprobs(model(input_ids=mb.tokens).logits, mb.tokens)
-        loss = -aggregate(logp, mb.loss_mask, "token-mean")
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return float(loss.detach())
-
-
 # -- start / resume -------------------------------------------------------------------
 
 

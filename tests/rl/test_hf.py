@@ -178,7 +178,7 @@ def overfit(model_dir, fmt, task, steps=80):
     examples = Rollouts(torch.tensor([ids] * b), torch.ones(b, len(ids)), torch.tensor([mask] * b).float(),
                         torch.zeros(b, len(ids)), torch.zeros(b), torch.arange(b), torch.zeros(b, dtype=torch.long))
     model = hf.load_model(str(model_dir))
-    trainer.supervised_warmup(model, examples, steps, lr=5e-3, batch=b)
+    demo.supervised_warmup(model, examples, steps, lr=5e-3, batch=b)
     return model.eval()
 
 
