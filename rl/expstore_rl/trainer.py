@@ -1,7 +1,11 @@
-"""Pieces shared by the GRPO and PPO loops (grpo.py, ppo.py, each readable top to
-bottom): the common config, micro-batched forward passes, the optimisation loop with
-gradient accumulation, weight publishing and the start/resume logic. The data source
-(store -> rank 0 -> every rank, and the training cuts back) is source.py.
+"""The plumbing that GRPO and PPO share, so that grpo.py and ppo.py hold the algorithm
+and little else: the common config and its CLI flags, building, publishing and
+restoring models, the micro-batches FSDP needs, the store as the data source (source.py,
+re-exported here), checkpoints, and a ``Run`` that carries a run from step to step
+(start or resume, sample, commit, publish, checkpoint, log).
+
+Nothing here computes a loss or an advantage: the objective is written out in the
+algorithm files, from the terms of losses.py and advantages.py.
 
 Concurrency: one thread per process. Under torchrun, rank 0 alone talks to the store
 and to the weights location; every rank runs the same sequence of forward and backward
@@ -16,16 +20,16 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-import numpy as np
 import torch
 
 from . import checkpoint, hf, weights
-from .batching import Rollouts, micro_batches, minibatches
-from .distributed import Dist, clip_grad_norm, full_state_dict, gradient_sync, shard
-from .losses import aggregate, entropy, importance_weights, kl, log_ratio, normaliser, policy_loss
-from .model import ModelConfig, build_model, process_logits, token_logprobs
+from .batching import Rollouts, micro_batches
+from .distributed import Dist, full_state_dict, shard
+from .losses import kl, log_ratio
+from .metrics import MetricsLog, plot
+from .model import ModelConfig, build_model
 from .source import Sampled, StoreSource, create_table  # noqa: F401 (the data source: source.py)
 
 
@@ -175,12 +179,18 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
                              weight_decay=weight_decay, betas=(0.9, 0.99))
 
 
-def logits_and_logprobs(model: torch.nn.Module, tokens: torch.Tensor, cfg: TrainConfig):
-    """Raw logits (B, T, V) and the logprobs (B, T) of ``tokens`` under the sampling
-    distribution. No attention mask: rows are right-padded, so causal attention keeps
-    real tokens from seeing the padding."""
-    logits = model(input_ids=tokens).logits
-    return logits, token_logprobs(logits, tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+def reference_model(cfg: TrainConfig, state: LoopState, d: Dist) -> torch.nn.Module | None:
+    """The frozen reference for the KL term: the policy this run started from (its
+    published version is kept in the loop state, so a resumed run gets the same one).
+    None when kl_coef is 0."""
+    if cfg.kl_coef <= 0:
+        return None
+    model = build_policy(cfg)
+    model.load_state_dict(weights.load_state_dict(cfg.weights_uri, state.extra["reference_version"]))
+    return shard(model.eval().requires_grad_(False), d)
+
+
+# -- micro-batches --------------------------------------------------------------------
 
 
 def synced_micro_batches(rollouts: Rollouts, budget: int, d: Dist) -> list[tuple[torch.Tensor, float]]:
@@ -192,63 +202,19 @@ def synced_micro_batches(rollouts: Rollouts, budget: int, d: Dist) -> list[tuple
 
 
 @torch.no_grad()
-def score(model: torch.nn.Module, rollouts: Rollouts, cfg: TrainConfig, d: Dist,
-          fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """fn(model, tokens) -> (b, t) for every row, micro-batched; default: logprobs."""
-    fn = fn or (lambda m, tokens: logits_and_logprobs(m, tokens, cfg)[1])
+def per_token(fn: Callable[[torch.Tensor], torch.Tensor], rollouts: Rollouts, budget: int, d: Dist) -> torch.Tensor:
+    """fn(tokens (b, t)) -> (b, t) for every row, micro-batched within ``budget`` tokens,
+    without gradients: (B, T) float32 on the CPU (0 beyond each micro-batch's width)."""
     out = torch.zeros(rollouts.tokens.shape, dtype=torch.float32)
-    for index, weight in synced_micro_batches(rollouts, cfg.token_budget, d):
+    for index, weight in synced_micro_batches(rollouts, budget, d):
         mb = rollouts.select(index)
-        values = fn(model, mb.tokens.to(d.device)).float().cpu()
+        values = fn(mb.tokens.to(d.device)).float().cpu()
         if weight:
             out[index, :values.shape[1]] = values
     return out
 
 
-# -- the policy objective -------------------------------------------------------------
-
-
-def policy_terms(policy: torch.nn.Module, mb: Rollouts, cfg: TrainConfig, norm: float):
-    """The policy's loss on one micro-batch and token sums for metrics. Needs extras
-    proximal, is_weights, advantages (B, T) and, with a KL loss, ref."""
-    logits, logp = logits_and_logprobs(policy, mb.tokens, cfg)
-    mask, x = mb.loss_mask, mb.extras
-    loss, diag = policy_loss(logp, x["proximal"], x["advantages"], mask, clip_low=cfg.clip_low,
-                             clip_high=cfg.clip_high, is_weights=x["is_weights"], agg=cfg.loss_agg, norm=norm)
-    sums = {"losses/policy": loss.detach(), "policy/clip_frac": (diag["clipped"] * mask).sum(),
-            "policy/ratio_mean": (diag["ratio"] * mask).sum()}
-    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
-        k = kl(logp, x["ref"], cfg.kl_estimator)
-        kl_loss = aggregate(k, mask, cfg.loss_agg, norm)
-        loss = loss + cfg.kl_coef * kl_loss
-        sums["losses/kl"] = kl_loss.detach()
-    processed = process_logits(logits[:, :-1], cfg.temperature, cfg.top_k, cfg.top_p)
-    ent = torch.nn.functional.pad(entropy(processed), (1, 0))  # (B, T): of the step that chose token t
-    if cfg.entropy_coef > 0:
-        ent_loss = aggregate(ent, mask, cfg.loss_agg, norm)
-        loss = loss - cfg.entropy_coef * ent_loss
-    sums["policy/entropy"] = (ent.detach() * mask).sum()
-    return loss, sums
-
-
-def off_policy_extras(rollouts: Rollouts, policy: torch.nn.Module, reference: torch.nn.Module | None,
-                      cfg: TrainConfig, d: Dist) -> dict[str, float]:
-    """Recompute the proximal (pre-update) and reference logprobs into ``extras`` and
-    the truncated IS weights pi_prox / mu; returns their metrics."""
-    x, mask = rollouts.extras, rollouts.loss_mask
-    x["proximal"] = score(policy, rollouts, cfg, d)
-    if reference is not None:
-        x["ref"] = score(reference, rollouts, cfg, d)
-    x["is_weights"] = importance_weights(x["proximal"], rollouts.logprobs, cfg.is_cap)
-    raw = torch.exp(log_ratio(x["proximal"], rollouts.logprobs))
-    sums = {"offpolicy/is_weight_mean": (x["is_weights"] * mask).sum(),
-            "offpolicy/is_truncated_frac": ((raw > cfg.is_cap) * mask).sum() if cfg.is_cap > 0 else torch.zeros(()),
-            "offpolicy/behaviour_kl": (kl(rollouts.logprobs, x["proximal"], "k3") * mask).sum()}
-    if reference is not None:
-        sums["kl/ref"] = (kl(x["proximal"], x["ref"], cfg.kl_estimator) * mask).sum()
-    out = token_means(sums, mask.sum(), d)
-    out["offpolicy/is_weight_max"] = float(d.all_reduce((raw * mask).max().reshape(1), "max"))
-    return out
+# -- metrics --------------------------------------------------------------------------
 
 
 def token_means(sums: dict[str, torch.Tensor], tokens: torch.Tensor | float, d: Dist) -> dict[str, float]:
@@ -260,49 +226,71 @@ def token_means(sums: dict[str, torch.Tensor], tokens: torch.Tensor | float, d: 
     return {k: float(v / max(float(packed[-1]), 1.0)) for k, v in zip(names, packed[:-1])}
 
 
-Objective = Callable[[Rollouts, float], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+class StepTotals:
+    """One step's optimisation metrics, added up over its micro-batches: a ``losses/...``
+    sum is already divided by its minibatch's batch-wide count, so it is summed over
+    ranks and averaged over the step's optimizer steps; any other sum is over tokens and
+    becomes a mean over the generated tokens of every minibatch pass and rank.
+    Zero-weight (padding) micro-batches add nothing."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.tokens = 0.0
+
+    def add(self, sums: dict[str, torch.Tensor], weight: float) -> None:
+        """One micro-batch's sums."""
+        for k, v in sums.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v.detach().cpu() * weight
+
+    def count(self, loss_mask: torch.Tensor) -> None:
+        """One minibatch pass's generated tokens."""
+        self.tokens += float(loss_mask.sum())
+
+    def means(self, optimizer_steps: int, d: Dist) -> dict[str, float]:
+        losses = {k: v for k, v in self.sums.items() if k.startswith("losses/")}
+        out = {k: float(d.all_reduce(torch.as_tensor(v, dtype=torch.float64).reshape(1))) / optimizer_steps
+               for k, v in sorted(losses.items())}
+        out.update(token_means({k: v for k, v in self.sums.items() if k not in losses}, self.tokens, d))
+        return out
 
 
-def optimise(rollouts: Rollouts, objective: Objective, models: list[torch.nn.Module],
-             optimizers: list[torch.optim.Optimizer], cfg: TrainConfig, d: Dist,
-             generator: torch.Generator) -> dict[str, float]:
-    """update_epochs x num_minibatches optimizer steps over this rank's rows. Each
-    minibatch's micro-batches accumulate gradients; losses are normalised by the
-    minibatch's batch-wide count (all ranks) so accumulation and sharding are exact.
-    objective(micro_batch, norm) -> (loss, sums): sums of losses are added as they are
-    (already normalised); other sums are per-token and become token means."""
-    sums: dict[str, torch.Tensor] = {}
-    grad_norms: list[list[float]] = [[] for _ in models]
-    tokens = 0.0
-    for _ in range(cfg.update_epochs):
-        for rows in minibatches(len(rollouts), cfg.num_minibatches, generator, rollouts.group_index):
-            mini = rollouts.select(rows)
-            norm = float(d.all_reduce(torch.tensor([normaliser(mini.loss_mask, cfg.loss_agg)])))
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            parts = synced_micro_batches(mini, cfg.token_budget, d)
-            for i, (index, weight) in enumerate(parts):
-                for model in models:  # reduce-scatter once per minibatch, after its last backward
-                    gradient_sync(model, i == len(parts) - 1)
-                loss, part = objective(mini.select(index).to(d.device), norm)
-                (loss * weight * d.loss_scale).backward()
-                for k, v in part.items():
-                    sums[k] = sums.get(k, 0.0) + v.detach().cpu() * weight
-            tokens += float(mini.loss_mask.sum())
-            for i, (model, opt) in enumerate(zip(models, optimizers)):
-                grad_norms[i].append(clip_grad_norm(list(model.parameters()), cfg.max_grad_norm))
-                opt.step()
-    steps = cfg.update_epochs * cfg.num_minibatches
-    losses = {k: v for k, v in sums.items() if k.startswith("losses/")}
-    out = {k: float(d.all_reduce(torch.as_tensor(v, dtype=torch.float64).reshape(1))) / steps
-           for k, v in sorted(losses.items())}
-    out.update(token_means({k: v for k, v in sums.items() if k not in losses}, tokens, d))
-    for i, norms in enumerate(grad_norms):
-        out["optim/grad_norm" if i == 0 else f"optim/grad_norm_{i}"] = float(np.mean(norms))
+def off_policy_metrics(rollouts: Rollouts, cfg: TrainConfig, d: Dist) -> dict[str, float]:
+    """How far the behaviour policies mu are from the proximal one, from the extras
+    ``proximal``, ``is_weights`` and (with a reference) ``ref`` (B, T): ``offpolicy/...``
+    and ``kl/ref``, token means over every rank."""
+    x, mask = rollouts.extras, rollouts.loss_mask
+    raw = torch.exp(log_ratio(x["proximal"], rollouts.logprobs))  # (B, T) pi_prox / mu, untruncated
+    sums = {"offpolicy/is_weight_mean": (x["is_weights"] * mask).sum(),
+            "offpolicy/is_truncated_frac": ((raw > cfg.is_cap) * mask).sum() if cfg.is_cap > 0 else torch.zeros(()),
+            "offpolicy/behaviour_kl": (kl(rollouts.logprobs, x["proximal"], "k3") * mask).sum()}
+    if "ref" in x:
+        sums["kl/ref"] = (kl(x["proximal"], x["ref"], cfg.kl_estimator) * mask).sum()
+    out = token_means(sums, mask.sum(), d)
+    out["offpolicy/is_weight_max"] = float(d.all_reduce((raw * mask).max().reshape(1), "max"))
     return out
 
 
-# -- start / resume -------------------------------------------------------------------
+def rollout_metrics(rollouts: Rollouts, version: int, sample_seconds: float) -> dict[str, float]:
+    """What the batch says about the producers: reward, lengths, staleness."""
+    staleness = (version - rollouts.policy_versions).float()
+    return {"rollout/reward_mean": float(rollouts.rewards.mean()),
+            "rollout/reward_std": float(rollouts.rewards.std()) if len(rollouts) > 1 else 0.0,
+            "rollout/response_tokens": float(rollouts.loss_mask.sum(-1).mean()),
+            "rollout/samples": float(len(rollouts)),
+            "staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
+            "perf/sample_seconds": sample_seconds}
+
+
+# -- start, resume, one step's end ----------------------------------------------------
+
+
+def store_source(cfg: TrainConfig, d: Dist, batch_size: int, group_size: int | None = None) -> StoreSource:
+    """The store at ``cfg.target`` as the data source (rank 0 connects), with the table
+    created if missing (``create_table``)."""
+    source = StoreSource(cfg, d, batch_size, group_size)
+    if d.main:
+        create_table(source.client, cfg, batch_size, group_size)
+    return source
 
 
 @dataclass
@@ -346,16 +334,6 @@ def start(cfg: TrainConfig, pairs: checkpoint.Pairs, policy: torch.nn.Module, ve
     return state
 
 
-def reference_model(cfg: TrainConfig, state: LoopState, d: Dist) -> torch.nn.Module | None:
-    """The frozen reference for the KL term: the policy this run started from (its
-    published version is kept in the loop state, so a resumed run gets the same one).
-    None when kl_coef is 0."""
-    if cfg.kl_coef <= 0:
-        return None
-    model = build_policy(cfg)
-    model.load_state_dict(weights.load_state_dict(cfg.weights_uri, state.extra["reference_version"]))
-    return shard(model.eval().requires_grad_(False), d)
-
 
 def save(cfg: TrainConfig, pairs: checkpoint.Pairs, state: LoopState, d: Dist) -> None:
     generators = d.all_gather_object(state.generator.get_state())
@@ -364,40 +342,68 @@ def save(cfg: TrainConfig, pairs: checkpoint.Pairs, state: LoopState, d: Dist) -
                      "generator": generators}, d)
 
 
-def finish_step(cfg: TrainConfig, policy: torch.nn.Module, pairs: checkpoint.Pairs, state: LoopState,
-                source, sampled: Sampled, metrics: dict[str, float], t0: float, t_start: float,
-                log, d: Dist) -> None:
-    """The end of every step: commit the step's cut (streams: its rows acked and its
-    manifest recorded, before a new version can make them stale), publish version N+1,
-    set it as the table's policy version, checkpoint when due (and at the last step),
-    write the metrics."""
-    t1 = time.perf_counter()
-    state.step += 1
-    if sampled.commit is not None:
-        sampled.commit()
-    state.version += 1
-    publish(policy, cfg, state.version, d)
-    source.set_policy_version(state.version)
-    if state.step == cfg.steps or (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0):
-        save(cfg, pairs, state, d)
-    elapsed = time.perf_counter() - t0
-    metrics |= {"charts/policy_version": state.version, "perf/publish_seconds": time.perf_counter() - t1,
-                "perf/step_seconds": elapsed, "perf/samples_per_second": len(sampled.rollouts) / elapsed,
-                "perf/tokens_per_second": float(sampled.rollouts.attention_mask.sum()) / elapsed,
-                "charts/wall_seconds": time.perf_counter() - t_start,
-                "optim/lr": pairs["policy"][1].param_groups[0]["lr"]}
-    log.write(state.step, metrics)
-    if d.main:
-        print(f"step {state.step:4d}  reward {metrics['rollout/reward_mean']:.3f}  "
-              f"staleness {metrics['staleness/mean']:.2f}  {elapsed:.2f}s", flush=True)
+class Run:
+    """What a training loop carries from step to step besides the algorithm: the data
+    source, the loop state (step, published version, minibatch generator), checkpoints,
+    publishing and the metrics log. Creating one starts or resumes the run (``start``);
+    then each step is ``sample()``, the algorithm's update, ``finish_step(metrics)``; at
+    the end ``finish(title)`` plots the metrics."""
 
+    def __init__(self, cfg: TrainConfig, pairs: checkpoint.Pairs, version: int, source: StoreSource,
+                 d: Dist) -> None:
+        """pairs: {"policy": (model, optimizer), ...} as checkpointed; version: the
+        policy's published version (-1: a fresh model, published as v0)."""
+        self.cfg, self.pairs, self.source, self.d = cfg, pairs, source, d
+        self.policy = pairs["policy"][0]
+        self.state = start(cfg, pairs, self.policy, version, source, d)
+        self.log = MetricsLog(cfg.out, d.main)
+        self.t_start: float | None = None  # the first step's start
+        self.t0 = 0.0  # this step's start
+        self.sampled: Sampled | None = None  # this step's batch
 
-def rollout_metrics(rollouts: Rollouts, version: int, sample_seconds: float) -> dict[str, float]:
-    """What the batch says about the producers: reward, lengths, staleness."""
-    staleness = (version - rollouts.policy_versions).float()
-    return {"rollout/reward_mean": float(rollouts.rewards.mean()),
-            "rollout/reward_std": float(rollouts.rewards.std()) if len(rollouts) > 1 else 0.0,
-            "rollout/response_tokens": float(rollouts.loss_mask.sum(-1).mean()),
-            "rollout/samples": float(len(rollouts)),
-            "staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
-            "perf/sample_seconds": sample_seconds}
+    @property
+    def done(self) -> bool:
+        return self.state.step >= self.cfg.steps
+
+    def sample(self) -> tuple[Rollouts, dict[str, float]]:
+        """The next step's whole batch (rank 0 reads it, every rank gets it) and what it
+        says about the producers (``rollout_metrics``)."""
+        self.t0 = time.perf_counter()
+        if self.t_start is None:
+            self.t_start = self.t0
+        self.sampled = self.source.next(self.state.step + 1)
+        rollouts = self.sampled.rollouts
+        return rollouts, rollout_metrics(rollouts, self.state.version, self.sampled.seconds)
+
+    def finish_step(self, metrics: dict[str, float]) -> None:
+        """The end of every step, in this order: commit the step's cut (streams: its rows
+        acked and its manifest recorded, before a new version can make them stale), publish
+        version N+1, set it as the table's policy version, checkpoint when due (and at the
+        last step), write the metrics. A restart from the checkpoint finds every cut it
+        needs: the cut is in the store before the checkpoint that follows it."""
+        cfg, state, sampled = self.cfg, self.state, self.sampled
+        t1 = time.perf_counter()
+        state.step += 1
+        if sampled.commit is not None:
+            sampled.commit()
+        state.version += 1
+        publish(self.policy, cfg, state.version, self.d)
+        self.source.set_policy_version(state.version)
+        if state.step == cfg.steps or (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0):
+            save(cfg, self.pairs, state, self.d)
+        elapsed = time.perf_counter() - self.t0
+        metrics |= {"charts/policy_version": state.version, "perf/publish_seconds": time.perf_counter() - t1,
+                    "perf/step_seconds": elapsed, "perf/samples_per_second": len(sampled.rollouts) / elapsed,
+                    "perf/tokens_per_second": float(sampled.rollouts.attention_mask.sum()) / elapsed,
+                    "charts/wall_seconds": time.perf_counter() - self.t_start,
+                    "optim/lr": self.pairs["policy"][1].param_groups[0]["lr"]}
+        self.log.write(state.step, metrics)
+        if self.d.main:
+            print(f"step {state.step:4d}  reward {metrics['rollout/reward_mean']:.3f}  "
+                  f"staleness {metrics['staleness/mean']:.2f}  {elapsed:.2f}s", flush=True)
+
+    def finish(self, title: str) -> LoopState:
+        """Plot the metrics (rank 0: ``<out>/metrics.png``); returns the loop state."""
+        if self.d.main and self.log.path.exists():
+            plot(self.log.path, self.log.path.with_suffix(".png"), title)
+        return self.state
