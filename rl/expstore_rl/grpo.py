@@ -63,7 +63,7 @@ def train(cfg: GRPOConfig, source: trainer.StoreSource | None = None) -> trainer
     run = trainer.Run(cfg, {"policy": (policy, optimizer)}, version, source, d)
     reference = trainer.reference_model(cfg, run.state, d)  # frozen pi_ref, the run's first version (kl_coef > 0)
     sampling = (cfg.temperature, cfg.top_k, cfg.top_p)  # the producers' distribution: logprobs are of it
-    kl_loss = cfg.kl_coef > 0 and not cfg.kl_in_reward
+    kl_in_loss = cfg.kl_coef > 0 and not cfg.kl_in_reward  # --kl-in-reward puts it in the reward instead
 
     def logprobs(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:  # (b, t) -> (b, t)
         return token_logprobs(model(input_ids=tokens).logits, tokens, *sampling)
@@ -119,7 +119,7 @@ def train(cfg: GRPOConfig, source: trainer.StoreSource | None = None) -> trainer
                     sums = {"losses/policy": loss.detach(), "policy/clip_frac": (diag["clipped"] * m).sum(),
                             "policy/ratio_mean": (diag["ratio"] * m).sum()}
                     # + kl_coef KL(pi_theta || pi_ref), unless the KL went into the reward
-                    if kl_loss:
+                    if kl_in_loss:
                         kl_term = aggregate(kl(logp, mx["ref"], cfg.kl_estimator), m, cfg.loss_agg, norm)
                         loss = loss + cfg.kl_coef * kl_term
                         sums["losses/kl"] = kl_term.detach()
