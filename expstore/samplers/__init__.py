@@ -12,7 +12,8 @@ prioritized        ``Prioritized``          with replacement, P ~ p**alpha (sum 
 fifo / lifo        ``Fifo`` / ``Lifo``      n distinct, oldest / newest first
 max_heap/min_heap  ``MaxHeap``/``MinHeap``  n distinct, highest / lowest priority first
 group              ``GroupSampler``         n / group_size distinct complete groups
-task_weights       ``TaskMixture``          a multinomial split across tasks
+task_weights       ``TaskMixture``          a multinomial split across tasks,
+task_quotas                                 with exact min/max counts per task
 =================  =======================  ==========================================
 
 Removers: "fifo" (oldest), "lifo" (newest), "min_priority" (lowest priority).
@@ -57,12 +58,14 @@ def _single(spec: SamplerSpec) -> Selector:
 
 def make_sampler(spec: SamplerSpec, tasks: Codebook) -> Selector:
     """The sampler a table's ``SamplerSpec`` describes; a ``TaskMixture`` of one such
-    sampler per task when ``spec.task_weights`` is set (``tasks`` is the table's task
-    codebook, used to name task codes)."""
-    if spec.task_weights is None:
+    sampler per task (and data version) when ``spec.task_weights`` or ``spec.task_quotas``
+    is set (weights default to 1 for every task; ``tasks`` is the table's task codebook,
+    used to name task codes)."""
+    if not spec.mixed:
         return _single(spec)
     unit = spec.group_size if spec.type == "group" else 1
-    return TaskMixture(spec.task_weights, tasks, lambda: _single(spec), unit=unit)
+    return TaskMixture(spec.task_weights or {"*": 1.0}, tasks, lambda: _single(spec), unit=unit,
+                       quotas=spec.task_quotas)
 
 
 def make_remover(name: str) -> Selector:

@@ -28,6 +28,8 @@ class Items:
     group_sizes: int64, members the item's group will have (0: unknown).
     tasks:      int64, a dense code for ``task`` (-1: none).
     rewards:    float64, trajectory reward (NaN: not set).
+    data_versions: int64, the row's ``data_version`` (None: all 0); the task mixture
+                keeps one child per task and data version.
     """
 
     slots: np.ndarray
@@ -37,9 +39,14 @@ class Items:
     group_sizes: np.ndarray
     tasks: np.ndarray
     rewards: np.ndarray
+    data_versions: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.slots)
+
+    def take(self, idx: np.ndarray) -> "Items":
+        """The items at positions ``idx``."""
+        return Items(**{f: (None if v is None else np.asarray(v)[idx]) for f, v in vars(self).items()})
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,11 @@ class Selector(Protocol):
         """Selector-specific gauges for the table's stats (``sampler.<key>``)."""
         return {}
 
+    def explain(self, n: int) -> str:
+        """Why ``sample(n)`` cannot be served now, when the selector can say more than
+        its size ("" otherwise); the table puts it in its wait message."""
+        return ""
+
 
 class Codebook:
     """Dense integer codes for strings (tasks, group ids), shared by a table and its
@@ -109,6 +121,11 @@ class Codebook:
         indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         lookup = np.append(lookup, -1)  # index -1 (a null row) maps to code -1
         return lookup[indices]
+
+    def find(self, value: str) -> int:
+        """The code of a string, or -1 if it has none (assigns nothing: safe to call
+        without the table's lock, a dict read)."""
+        return self._codes.get(value, -1)
 
     def _code(self, value: str) -> int:
         code = self._codes.get(value)

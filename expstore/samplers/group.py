@@ -24,6 +24,12 @@ Semantics (a group is the set of items sharing an ``Items.groups`` code):
   carries no GRPO signal: it is never eligible and all its members are reported by
   ``rejected()``. A group with any NaN reward (reward not set) is kept. A group of size 1
   always has zero variance. Rewards are taken as they were at insert.
+- ``expire(codes, release)`` (group timeouts, expstore/group_timeouts.py): of the given
+  groups, those still forming (members arrived but fewer than ``group_size``, none
+  lost) are released, eligible from now on with the members they have (``drop_zero_
+  variance`` applies to them), or dropped (their members are returned for the table
+  to remove; later arrivals are held). A batch then holds fewer rows than n: a
+  released group counts as one of the ``n / group_size`` groups.
 - Probabilities: ``1 / M`` per returned slot for uniform (the chance that one draw picks
   the group among M complete groups), 1 for fifo and lifo; weights are 1.
 
@@ -122,22 +128,48 @@ class GroupSampler(Selector):
             self._complete(done)
 
     def _complete(self, codes: np.ndarray) -> None:
+        """Make groups eligible (complete, or released with holes: member -1)."""
         rows = self._row[codes]
         members = self._members[rows]  # (groups, group_size)
+        present = members >= 0
         if self.drop_zero_variance:
-            rewards = self._reward[members]
+            rewards = np.where(present, self._reward[members], self._reward[members[:, :1]])
             flat = np.all(rewards == rewards[:, :1], axis=1)  # NaN never equals: kept
             if flat.any():
                 self._state[codes[flat]] = DROPPED
-                self._rejected.append(members[flat].reshape(-1))
+                self._rejected.append(members[flat][present[flat]])
                 self._release(rows[flat])
                 self._row[codes[flat]] = -1
-                codes, rows, members = codes[~flat], rows[~flat], members[~flat]
+                codes, rows, members, present = codes[~flat], rows[~flat], members[~flat], present[~flat]
         self._state[codes] = COMPLETE
         if self.order != "uniform":
-            self._eligible.insert_pairs(rows, self._ids[members].max(axis=1))
+            self._eligible.insert_pairs(rows, np.where(present, self._ids[members], 0).max(axis=1))
         else:
             self._eligible.insert_slots(rows)
+
+    def forming(self, codes: np.ndarray) -> np.ndarray:
+        """The codes among ``codes`` whose group is still forming (members arrived, fewer
+        than group_size, none lost), sorted."""
+        codes = unique(np.asarray(codes, dtype=np.int64))
+        codes = codes[(codes >= 0) & (codes < len(self._state))]
+        return codes[(self._state[codes] == FORMING) & (self._row[codes] >= 0)]
+
+    def expire(self, codes: np.ndarray, release: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Time out the groups among ``codes`` that are still forming: release them (see
+        the module docstring) or drop them. Returns (the codes acted on, their members'
+        slots, the members of each group contiguous). Other codes are ignored."""
+        codes = self.forming(codes)
+        if len(codes) == 0:
+            return codes, EMPTY_SLOTS.copy()
+        members = self._members[self._row[codes]]
+        slots = members[members >= 0]
+        if release:
+            self._complete(codes)
+        else:
+            self._state[codes] = DROPPED
+            self._release(self._row[codes])
+            self._row[codes] = -1
+        return codes, slots
 
     def remove(self, slots: np.ndarray) -> None:
         """Forget items; the groups they belonged to (forming or complete) break."""
@@ -170,6 +202,7 @@ class GroupSampler(Selector):
         return np.concatenate([rows, fresh])
 
     def _release(self, rows: np.ndarray) -> None:
+        self._members[rows] = -1  # a recycled row may be released with holes
         self._free = grown(self._free, self._nfree + len(rows), -1)
         self._free[self._nfree:self._nfree + len(rows)] = rows
         self._nfree += len(rows)
@@ -212,4 +245,5 @@ class GroupSampler(Selector):
         else:
             rows, p = self._eligible.sample_distinct(k, rng), 1.0 / max(m, 1)
         slots = self._members[rows].reshape(-1)
-        return Selection(slots=slots, probabilities=np.full(n, p), weights=np.ones(n))
+        slots = slots[slots >= 0]  # released groups have fewer members
+        return Selection(slots=slots, probabilities=np.full(len(slots), p), weights=np.ones(len(slots)))
