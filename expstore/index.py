@@ -27,6 +27,12 @@ COLUMNS: dict[str, type] = {
     # The table's count of inserts and priority updates at the item's last one: heap ties
     # go to the least recently touched item (Reverb's rule), and a restore replays it.
     "touched": np.int64,
+    # A 64-bit hash of the row's episode (prompt_id, episode_id), 0: none; the ingest
+    # check "extends" rebuilds its references from it after a restart.
+    "episode": np.int64,
+    # The row's data_version column (0 when the table has none or it is null): the task
+    # mixture keeps a child per task and data version.
+    "data_version": np.int64,
 }
 
 

@@ -72,11 +72,14 @@ RESERVED_COLUMNS = frozenset({"item_id", "priority", "times_sampled", "inserted_
 _PER_TOKEN = ("token_policy_version", "advantages", "values")  # nullable, len == len(tokens)
 
 
-def table_schema(kind: str, schema: pa.Schema | None, *, table: str) -> pa.Schema:
+def table_schema(kind: str, schema: pa.Schema | None, *, table: str,
+                 added: list[pa.Field] = ()) -> pa.Schema:
     """The full schema of a new table.
 
     kind "trajectory": TRAJECTORY_V1 followed by the columns of ``schema`` that are not in
-    v1 (a v1 column may be repeated only with the identical type and nullability).
+    v1 (a v1 column may be repeated only with the identical type and nullability), then
+    the ``added`` columns the table's config brings (``TableSpec.engine_columns``), which
+    ``schema`` may repeat only with the identical type.
     kind "generic": ``schema`` itself, which must have at least one column.
     Reserved (server-owned) or duplicate column names are refused in both.
     """
@@ -96,6 +99,17 @@ def table_schema(kind: str, schema: pa.Schema | None, *, table: str) -> pa.Schem
                      f"{f.type}{'' if f.nullable else ' not null'} (leave it out of the extra columns)")
         else:
             fields.append(f)
+    names = [f.name for f in fields]
+    for f in added:
+        if f.name in names:
+            declared = fields[names.index(f.name)]
+            _require(declared.type == f.type and declared.nullable,
+                     f"table {table!r}: column {f.name!r} is defined by the table's config as {f.type} "
+                     f"(nullable); it cannot be declared as {declared.type}"
+                     f"{'' if declared.nullable else ' not null'} (leave it out of the extra columns)")
+        else:
+            fields.append(f)
+            names.append(f.name)
     return pa.schema(fields)
 
 

@@ -26,6 +26,9 @@ DURABILITIES = ("memory", "wal", "fsync")
 METADATA_ENTRIES = 64
 METADATA_KEY_CHARS = 128
 METADATA_VALUE_CHARS = 4096
+GROUP_TIMEOUT_ACTIONS = ("release", "drop")
+INGEST_CHECKS = ("extends", "turns_mask", "group_prefix")
+QUOTA_KEYS = ("min", "max")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class SamplerSpec:
     task_weights: optional mixing weights per ``task``; a batch is split across tasks
         by a multinomial draw over the tasks that have items. "*" weighs unlisted tasks;
         without it they are never sampled.
+    task_quotas: optional ``{task: {"min": share, "max": share}}``: every batch holds at
+        least ceil(min * units) and at most floor(max * units) units (items; groups for
+        the group sampler) of the task, exactly; the rest is split by ``task_weights``
+        (1 for every task when unset). Shares are in [0, 1], min <= max, the mins sum to
+        at most 1. See samplers/mixture.py.
     """
 
     type: str = "uniform"
@@ -53,6 +61,7 @@ class SamplerSpec:
     drop_zero_variance: bool = False
     group_order: str = "uniform"
     task_weights: dict[str, float] | None = None
+    task_quotas: dict[str, dict[str, float]] | None = None
 
     def __post_init__(self) -> None:
         _one_of("sampler.type", self.type, SAMPLER_TYPES)
@@ -66,6 +75,15 @@ class SamplerSpec:
             for task, w in self.task_weights.items():
                 _require(math.isfinite(w) and w >= 0, f"sampler.task_weights[{task!r}] must be >= 0")
             _require(sum(self.task_weights.values()) > 0, "sampler.task_weights must not all be 0")
+        if self.task_quotas is not None:
+            _check_quotas(self.task_quotas)
+            if not self.task_quotas:  # {} and unset are the same sampler (the proto cannot tell them apart)
+                object.__setattr__(self, "task_quotas", None)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether batches are split across tasks (``task_weights`` or ``task_quotas``)."""
+        return self.task_weights is not None or self.task_quotas is not None
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,38 @@ class RateLimiterSpec:
 
     def __post_init__(self) -> None:
         _one_of("rate_limiter.type", self.type, RATE_LIMITER_TYPES)
+
+
+@dataclass(frozen=True)
+class RoutedExpertsSpec:
+    """The ``routed_experts`` column of an MoE policy's rollouts (router replay, R3): per
+    token, the ids of the ``top_k`` experts the router chose in each of ``layers`` MoE
+    layers, each below ``num_experts``. Stored as ``list<fixed_size_list<fixed_size_list<
+    uint8 | uint16, top_k>, layers>>``: one entry per token, the narrowest unsigned type
+    that holds every id (uint8 up to 256 experts), no per-token offsets; the storage
+    layer compresses the chunks. Trainers get a (B, T, layers, top_k) tensor
+    (``SampleBatch.to_torch``)."""
+
+    layers: int
+    top_k: int
+    num_experts: int
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "top_k", "num_experts"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                     f"routed_experts.{name} must be an integer >= 1, got {value!r}")
+        _require(self.num_experts <= 1 << 16, "routed_experts.num_experts must be <= 65536 (ids are uint16 at most)")
+        _require(self.top_k <= self.num_experts, "routed_experts.top_k must be <= num_experts")
+        _require(self.layers * self.top_k <= 1 << 16, "routed_experts: layers * top_k must be <= 65536 ids a token")
+
+    @property
+    def id_type(self) -> pa.DataType:
+        return pa.uint8() if self.num_experts <= 1 << 8 else pa.uint16()
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return pa.list_(pa.list_(pa.list_(self.id_type, self.top_k), self.layers))
 
 
 @dataclass(frozen=True)
@@ -119,6 +169,17 @@ class TableSpec:
         ``tokenizer`` names how the console decodes tokens (docs/console.md). At most
         METADATA_ENTRIES entries, keys of at most 128 and values of at most
         METADATA_VALUE_CHARS characters.
+    group_timeout_s: group sampler only; a GRPO group still incomplete this many seconds
+        (wall clock) after its first member arrived is released with the members it has
+        or dropped, by ``group_timeout_action`` (expstore/group_timeouts.py). Tables with
+        it have the server-filled column ``group_released_partial``.
+    group_timeout_action: "release" (the group becomes eligible with what arrived, its
+        ``group_size`` corrected and ``group_released_partial`` true) or "drop" (its
+        members are removed).
+    ingest_checks: trajectory tables; token-in, token-out checks of every insert, any of
+        INGEST_CHECKS (expstore/ingest_checks.py). "extends" adds the ``episode_id`` column.
+    routed_experts: trajectory tables; adds the ``routed_experts`` column (see
+        RoutedExpertsSpec).
     """
 
     name: str
@@ -139,6 +200,10 @@ class TableSpec:
     archive: bool = False
     vocab_size: int | None = None
     metadata: dict[str, str] | None = None
+    group_timeout_s: float | None = None
+    group_timeout_action: str = "release"
+    ingest_checks: tuple[str, ...] | None = None
+    routed_experts: RoutedExpertsSpec | None = None
 
     def __post_init__(self) -> None:
         names.check_table(self.name)
@@ -164,6 +229,9 @@ class TableSpec:
         if self.kind == "generic":
             _require(self.schema is not None and len(self.schema) > 0,
                      "a generic table needs a schema")
+        if self.schema is not None and "data_version" in self.schema.names:
+            _require(pa.types.is_integer(self.schema.field("data_version").type),
+                     f"column 'data_version' must be an integer type, got {self.schema.field('data_version').type}")
         if self.vocab_size is not None:
             _require(self.kind == "trajectory", "vocab_size applies to trajectory tables (their tokens)")
             _require(1 <= self.vocab_size <= 1 << 31, "vocab_size must be in 1..2**31 (token ids are int32)")
@@ -171,6 +239,35 @@ class TableSpec:
             _require(self.kind == "trajectory", "the group sampler needs a trajectory table (group_id)")
             _require(self.sampler.group_size <= self.max_size,
                      f"sampler.group_size {self.sampler.group_size} exceeds max_size {self.max_size}")
+        _one_of("group_timeout_action", self.group_timeout_action, GROUP_TIMEOUT_ACTIONS)
+        if self.group_timeout_s is not None:
+            _require(isinstance(self.group_timeout_s, (int, float)) and math.isfinite(self.group_timeout_s)
+                     and self.group_timeout_s > 0, "group_timeout_s must be a finite number of seconds > 0")
+            _require(self.sampler.type == "group", "group_timeout_s needs the group sampler (sampler.type = \"group\")")
+        if self.ingest_checks is not None:
+            _require(not isinstance(self.ingest_checks, str), "ingest_checks must be a list of check names")
+            for check in self.ingest_checks:
+                _one_of("ingest_checks", check, INGEST_CHECKS)
+            _require(not self.ingest_checks or self.kind == "trajectory", "ingest_checks apply to trajectory tables")
+            # a set: order and repeats do not matter; empty and unset are the same table
+            object.__setattr__(self, "ingest_checks", tuple(sorted(set(self.ingest_checks))) or None)
+        if isinstance(self.routed_experts, dict):
+            object.__setattr__(self, "routed_experts", _build("routed_experts", RoutedExpertsSpec, self.routed_experts))
+        if self.routed_experts is not None:
+            _require(self.kind == "trajectory", "routed_experts applies to trajectory tables (one entry per token)")
+
+    def engine_columns(self) -> list[pa.Field]:
+        """Columns the config adds to a trajectory table's schema (after protocol v1 and
+        ``schema``): ``routed_experts``, ``episode_id`` (ingest check "extends") and the
+        server-filled ``group_released_partial`` (group timeouts)."""
+        out = []
+        if self.routed_experts is not None:
+            out.append(pa.field("routed_experts", self.routed_experts.arrow_type))
+        if self.ingest_checks and "extends" in self.ingest_checks:
+            out.append(pa.field("episode_id", pa.string()))
+        if self.group_timeout_s is not None:
+            out.append(pa.field("group_released_partial", pa.bool_()))
+        return out
 
     def resolved(self, durable: bool) -> "TableSpec":
         """The spec with tiers and durability filled in, for a store that has (durable)
@@ -198,6 +295,10 @@ class TableSpec:
             d["sampler"] = _build("sampler", SamplerSpec, d["sampler"])
         if isinstance(d.get("rate_limiter"), dict):
             d["rate_limiter"] = _build("rate_limiter", RateLimiterSpec, d["rate_limiter"])
+        if isinstance(d.get("routed_experts"), dict):
+            d["routed_experts"] = _build("routed_experts", RoutedExpertsSpec, d["routed_experts"])
+        if isinstance(d.get("ingest_checks"), list):
+            d["ingest_checks"] = tuple(d["ingest_checks"])
         try:
             return cls(**d)
         except TypeError as e:  # a value of the wrong type
@@ -209,6 +310,8 @@ class TableSpec:
         d["sampler"] = {k: v for k, v in d["sampler"].items() if v is not None}
         d["rate_limiter"] = {k: v for k, v in d["rate_limiter"].items() if v is not None}
         d.pop("schema")
+        if self.ingest_checks is not None:
+            d["ingest_checks"] = list(self.ingest_checks)
         if self.schema is not None:
             d["columns"] = {f.name: str(f.type) for f in self.schema}
         return {k: v for k, v in d.items() if v is not None}
@@ -242,6 +345,21 @@ def _check_metadata(metadata: Any) -> None:
                  f"metadata key {str(k)[:40]!r} must be a string of 1 to {METADATA_KEY_CHARS} characters")
         _require(isinstance(v, str) and len(v) <= METADATA_VALUE_CHARS,
                  f"metadata[{k[:40]!r}] must be a string of at most {METADATA_VALUE_CHARS} characters")
+
+
+def _check_quotas(quotas: Any) -> None:
+    _require(isinstance(quotas, dict), "sampler.task_quotas must map task names to {min, max} shares")
+    for task, q in quotas.items():
+        what = f"sampler.task_quotas[{task!r}]"
+        _require(isinstance(task, str) and task != "*", f"{what}: quotas name tasks (\"*\" is not one)")
+        _require(isinstance(q, dict) and q, f"{what} must be a table of min and/or max shares")
+        _no_unknown_keys(what, q, set(QUOTA_KEYS))
+        for key, share in q.items():
+            _require(isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share <= 1,
+                     f"{what}.{key} must be a share in [0, 1], got {share!r}")
+        _require(q.get("min", 0) <= q.get("max", 1), f"{what}: min {q.get('min')} exceeds max {q.get('max')}")
+    total = sum(q.get("min", 0) for q in quotas.values())
+    _require(total <= 1 + 1e-9, f"sampler.task_quotas: the min shares sum to {total:g}, more than 1")
 
 
 def _build(what: str, cls: type, d: dict[str, Any]):

@@ -37,14 +37,17 @@ from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from . import names
+from . import group_timeouts, ingest_checks, names, routed
 from . import schema as protocol
 from .errors import (DataLoss, DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
                      NotFound, ResourceExhausted, Unavailable)
 from .archive import ARCHIVE_SUFFIX, Archive
 from .chunks import ChunkStore
 from .gather import take_rows
+from .group_timeouts import GroupTimeouts
+from .ingest_checks import Checks, Lineage, References
 from .index import COLUMNS, ItemIndex
 from .journal import Journal
 from .keys import KeyRegistry
@@ -85,6 +88,9 @@ class PreparedInsert:
     rewards: np.ndarray
     durability: str = "memory"
     staged: list[Staged] = field(default_factory=list)  # one chunk per batch, until committed
+    episodes: np.ndarray | None = None  # int64 episode hashes (ingest_checks.episode_hashes)
+    data_versions: np.ndarray | None = None  # int64, the rows' data_version column
+    references: References | None = None  # what the ingest checks compared the rows with
 
     @property
     def num_rows(self) -> int:
@@ -135,13 +141,17 @@ class Storage:
 
 class Table:
     def __init__(self, spec: TableSpec, *, seed: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, storage: Storage | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, storage: Storage | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        """``clock`` times waits and deadlines of calls; ``wall_clock`` stamps
+        ``inserted_at`` and times group timeouts (it must survive a restart)."""
         spec = spec.resolved(durable=storage is not None)
         self.spec = spec
         self.name = spec.name
-        self.schema = protocol.table_schema(spec.kind, spec.schema, table=spec.name)
+        self.schema = protocol.table_schema(spec.kind, spec.schema, table=spec.name, added=spec.engine_columns())
         self._trajectory = spec.kind == "trajectory"
         self._clock = clock
+        self._wall_clock = wall_clock
         self._rng = np.random.default_rng(seed)
         self._cond = threading.Condition()
         self._listeners: list[Callable[[], None]] = []
@@ -170,6 +180,11 @@ class Table:
         self._sampler = make_sampler(spec.sampler, self._tasks)
         self._remover = make_remover(spec.remover)
         self._limiter = RateLimiter.from_spec(spec.rate_limiter)
+        self._timeouts = GroupTimeouts(spec.group_timeout_s, spec.group_timeout_action) \
+            if spec.group_timeout_s is not None else None
+        self._checks = Checks(spec.ingest_checks, spec.name) if spec.ingest_checks else None
+        self._lineage = Lineage()
+        self._versioned = "data_version" in self.schema.names and spec.sampler.mixed
         self._lines = {"insert": Line(), "sample": Line()}  # blocked calls, first come first served
         self._consumers: dict[str, ConsumerGroup] = {}
         self._manifests: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -200,10 +215,14 @@ class Table:
         batches: list[pa.RecordBatch] = []
         offset = 0
         for part in parts:
+            self._check_routed_experts(part, offset)
             t = protocol.conform(part, self.schema, table=self.name)
             if self._trajectory:
                 protocol.validate_trajectories(t, table=self.name, row_offset=offset,
                                                vocab_size=self.spec.vocab_size)
+                self._check_server_filled(t, offset)
+                if self._checks is not None:
+                    self._checks.check_rows(t, offset)
             offset += t.num_rows
             batches.extend(b for b in t.to_batches() if b.num_rows)
         if offset == 0:
@@ -220,12 +239,15 @@ class Table:
             groups = whole.column("group_id")
             group_sizes = whole.column("group_size").fill_null(0).to_numpy().astype(np.int64)
             self._check_group_sizes(group_sizes)
+            episodes = ingest_checks.episode_hashes(whole)
+            references = self._check_lineage(whole, episodes) if self._checks is not None else None
             prep = PreparedInsert(
                 batches=batches, keys=keys, priorities=pr,
                 policy_versions=whole.column("policy_version").to_numpy().astype(np.int64),
                 groups=groups, group_sizes=group_sizes, tasks=whole.column("task"),
                 rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy(),
-                durability=durability)
+                durability=durability, episodes=episodes, references=references,
+                data_versions=self._data_versions(whole))
         else:
             prep = PreparedInsert(
                 batches=batches, keys=keys, priorities=pr, policy_versions=np.zeros(n, np.int64),
@@ -238,6 +260,58 @@ class Table:
             self.abandon_insert(prep)
             raise
         return prep
+
+    def _check_routed_experts(self, part: pa.Table | pa.RecordBatch, offset: int) -> None:
+        """Shapes and ids of ``routed_experts`` as sent, before the cast to its type
+        (routed.py), so that errors name the row, token and layer."""
+        spec = self.spec.routed_experts
+        if spec is None or routed.COLUMN not in part.schema.names or "tokens" not in part.schema.names:
+            return
+        tokens = part.column("tokens")
+        counts = pc.list_value_length(tokens).fill_null(0).to_numpy(zero_copy_only=False)
+        routed.check(part.column(routed.COLUMN), counts.astype(np.int64), spec, table=self.name, row_offset=offset)
+
+    def _check_server_filled(self, t: pa.Table, offset: int) -> None:
+        """Columns the server fills on every read may not be written."""
+        name = group_timeouts.COLUMN
+        if self._timeouts is not None and t.column(name).null_count != t.num_rows:
+            row = int(np.argmax(t.column(name).is_valid().to_numpy(zero_copy_only=False)))
+            raise InvalidArgument(f"table {self.name!r}: row {offset + row}, column {name!r}: set by the server "
+                                  f"on every read (group timeouts); leave it out of inserts")
+
+    def _check_lineage(self, whole: pa.Table, episodes: np.ndarray) -> References:
+        """The ingest checks "extends" and "group_prefix" (ingest_checks.py): references
+        looked up under the lock, the stored ones read and compared outside it."""
+        groups = whole.column("group_id").to_pylist() if "group_prefix" in self._checks.names \
+            else [None] * whole.num_rows
+        with self._cond:
+            refs = self._lineage.references(episodes, groups, self._live)
+        stored, stored_ids = None, np.zeros(0, np.uint64)
+        if refs.ids:
+            ids = np.array(refs.ids, np.uint64)
+            try:
+                with self._cond:
+                    slots = self._index.lookup(ids)
+                    stored_ids = ids[slots >= 0]
+                    snap = self._snapshot(slots[slots >= 0])
+                stored = pa.Table.from_batches([self._gather(snap, ingest_checks.REFERENCE_COLUMNS).data])
+            except ExpstoreError as e:  # a tier down, damage: compare within the insert only
+                log.warning("table %r: ingest checks compare within the insert only: %s", self.name, e)
+                stored, stored_ids = None, np.zeros(0, np.uint64)
+                with self._cond:
+                    self.counters["ingest_unchecked"] += whole.num_rows
+        self._checks.check_lineage(whole, episodes, refs, stored, stored_ids.tolist())
+        return refs
+
+    def _live(self, ids: np.ndarray) -> np.ndarray:
+        """bool per item id: whether it is live (lock held)."""
+        return self._index.lookup(np.asarray(ids, np.uint64)) >= 0
+
+    def _data_versions(self, whole: pa.Table) -> np.ndarray | None:
+        if not self._versioned:
+            return None
+        col = whole.column("data_version")
+        return col.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def insert(self, data, priorities=None, timeout: float | None = None,
                durability: str | None = None) -> InsertResult:
@@ -265,6 +339,7 @@ class Table:
                 if self._held(line, turn, deadline):
                     continue  # it waited: everything is checked again
                 self._check_open()
+                self._tick()
                 ids, new = self._dedup(prep.keys, prep.num_rows)
                 n_new = int(new.sum())
                 if n_new == 0:
@@ -308,8 +383,13 @@ class Table:
                       new: np.ndarray, durability: str) -> InsertResult:
         n = prep.num_rows
         n_new = int(new.sum())
+        if prep.references is not None:
+            self._lineage.confirm(prep.references, self.name)
         stale = new & (prep.policy_versions < self._stale_cutoff())
-        store = new & ~stale
+        late = np.zeros(n, bool)  # members of groups that timed out
+        if self._timeouts is not None:
+            late = new & ~stale & self._timeouts.settled(_codes(self._groups, prep.groups, n))
+        store = new & ~stale & ~late
         n_store = int(store.sum())
         if n_store > self.spec.max_size:
             raise InvalidArgument(f"table {self.name!r}: an insert of {n_store} rows exceeds "
@@ -345,8 +425,11 @@ class Table:
         rows = dict(
             chunk=chunk_of_row[new_rows], row=row_in_chunk[new_rows],
             priority=prep.priorities[new_rows], policy_version=prep.policy_versions[new_rows],
-            inserted_at=np.full(n_new, time.time()), group_size=prep.group_sizes[new_rows],
+            inserted_at=np.full(n_new, self._wall_clock()), group_size=prep.group_sizes[new_rows],
             reward=prep.rewards[new_rows])
+        for name, values in (("episode", prep.episodes), ("data_version", prep.data_versions)):
+            if values is not None:
+                rows[name] = values[new_rows]
         groups = prep.groups.take(pa.array(new_rows)) if prep.groups is not None else None
         tasks = prep.tasks.take(pa.array(new_rows)) if prep.tasks is not None else None
         keys = [prep.keys[i] for i in new_rows.tolist()] if prep.keys is not None else None
@@ -362,16 +445,23 @@ class Table:
         for lo, hi, s in chunks:
             self._chunks.add(s, live=int(store[lo:hi].sum()))
         ids[new_rows] = new_ids
-        self._add_items(new_ids, rows, groups, tasks, keys, store[new_rows])
+        self._add_items(new_ids, rows, groups, tasks, keys, store[new_rows], late[new_rows])
+        if prep.references is not None:
+            kept = store[new_rows]
+            names = groups.to_pylist() if "group_prefix" in self._checks.names else [None] * n_new
+            self._lineage.record(rows.get("episode", np.zeros(n_new, np.int64))[kept],
+                                 [g for g, k in zip(names, kept.tolist()) if k], new_ids[kept], prep.references)
+            self._lineage.purge(self._live, len(self._index))
         self.counters["inserted_bytes"] += nbytes
         self.counters["duplicates"] += n - n_new
         self._maybe_compact()
         self._changed()
-        return InsertResult(ids, n_new, n - n_new, n_new - n_store)
+        return InsertResult(ids, n_new, n - n_new, int((stale & new).sum()))
 
     def _add_items(self, ids: np.ndarray, rows: dict[str, np.ndarray], groups, tasks,
-                   keys: list[str] | None, stored: np.ndarray) -> None:
-        """Index new items and offer the stored ones to the selectors (insert and replay)."""
+                   keys: list[str] | None, stored: np.ndarray, late: np.ndarray | None = None) -> None:
+        """Index new items and offer the stored ones to the selectors (insert and replay).
+        Rows not stored are stale, or ``late`` (their group timed out)."""
         n = len(ids)
         slots, _ = self._index.add(n, ids=ids, group=_codes(self._groups, groups, n),
                                    task=_codes(self._tasks, tasks, n), **rows)
@@ -385,24 +475,33 @@ class Table:
         # Rows too stale to store never count for the rate limiter: counted as inserts no
         # sample could ever match, they would hold producers back while the sampler starves.
         self._limiter.insert(int(stored.sum()))
-        if not stored.all():
-            self._forget(slots[~stored], "stale", limited=False)  # never in a tier or a selector
+        if self._timeouts is not None:
+            self._timeouts.arrived(self._index["group"][slots[stored]], rows["inserted_at"][stored])
+        if not stored.all():  # never in a tier or a selector
+            late = np.zeros(n, bool) if late is None else late
+            self._forget(slots[~stored & ~late], "stale", limited=False)
+            self._forget(slots[late], "group_late", limited=False)
         self._remove(self._sampler.rejected(), "zero_variance", log=False)  # replay redoes it
         self.counters["inserts"] += n
 
     # -- sampling ---------------------------------------------------------------------
 
     def sample(self, n: int, timeout: float | None = None, step: int | None = None,
-               turn: Turn | None = None) -> Rows:
+               turn: Turn | None = None, data_versions: dict | None = None) -> Rows:
         """Sample n items with the table's sampler. Blocks (up to ``timeout``) until the
         rate limiter and the sampler can serve n; blocked samples are served first come,
         first served (``turn`` as in ``commit_insert``). With ``step``, the batch's
-        manifest (item ids, policy versions) is recorded under that training step."""
+        manifest (item ids, policy versions) is recorded under that training step.
+        ``data_versions`` (``{task: (lo, hi)}``, ``"*"`` for the others; task mixing
+        only) samples only rows whose data_version is in range (samplers/mixture.py).
+        A group sampler's batch holds ``n / group_size`` groups: fewer rows than n when
+        some were released partial (group timeouts)."""
         if step is not None and step < 0:
             raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
         if n < 1:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
         self._check_sample_size(n)
+        kw = self._version_ranges(data_versions)
         deadline = self._deadline(timeout)
         with self._turn(turn, "sample") as turn, self._cond:
             line = self._lines["sample"]
@@ -410,29 +509,53 @@ class Table:
                 if self._held(line, turn, deadline):
                     continue
                 self._check_open()
+                self._tick()
                 self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
+                retry_after = None
                 if not line.first(turn):
                     why = f"{line.ahead_of(turn)} earlier samples are waiting (first come, first served)"
                 elif self._limiter.can_sample(n):
-                    if self._sampler.can_sample(n) and (not self.spec.max_times_sampled or self._allowance >= n):
+                    if self._sampler.can_sample(n, **kw) and (not self.spec.max_times_sampled or self._allowance >= n):
                         break
                     why = f"the {self.spec.sampler.type} sampler cannot serve {n} items yet " \
                           f"({len(self._sampler)} eligible)"
+                    detail = self._sampler.explain(n, **kw)
+                    why += f": {detail}" if detail else ""
+                    retry_after = self._next_group_timeout()
                 else:
                     why = f"rate limiter: {n} samples must wait for inserts ({len(self._index)} items)"
-                self._wait(deadline, "sample", why)
+                self._wait(deadline, "sample", why, retry_after=retry_after)
             with self._admitted(line, turn):
-                rows = self._sample_now(n, step)
+                rows = self._sample_now(n, step, kw)
         return self._gather(rows)
 
-    def _sample_now(self, n: int, step: int | None) -> "_Snapshot":
+    def _version_ranges(self, data_versions: dict | None) -> dict:
+        """The sampler's keyword for a data version restriction (none: {})."""
+        if data_versions is None:
+            return {}
+        if not self.spec.sampler.mixed:
+            raise InvalidArgument(f"table {self.name!r}: data_versions needs task mixing (sampler.task_weights "
+                                  f"or sampler.task_quotas) and a data_version column")
+        ranges = {}
+        for task, bounds in data_versions.items():
+            try:
+                lo, hi = bounds
+                ranges[str(task)] = (None if lo is None else int(lo), None if hi is None else int(hi))
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"table {self.name!r}: data_versions[{task!r}] must be a (min, max) pair "
+                                      f"of integers or None, got {bounds!r}") from None
+            if None not in ranges[str(task)] and ranges[str(task)][0] > ranges[str(task)][1]:
+                raise InvalidArgument(f"table {self.name!r}: data_versions[{task!r}]: min {lo} exceeds max {hi}")
+        return {"versions": ranges}
+
+    def _sample_now(self, n: int, step: int | None, kw: dict) -> "_Snapshot":
         """Draw an admitted sample of n (lock held): selection, times_sampled, removals
         under max_times_sampled, the journal record and the rows' read plan."""
         capped = self.spec.max_times_sampled > 0
         if capped and self.spec.sampler.type in _UNORDERED:
-            slots, probabilities, weights, done = self._sample_capped(n)
+            slots, probabilities, weights, done = self._sample_capped(n, kw)
         else:
-            sel = self._sampler.sample(n, self._rng)
+            sel = self._sampler.sample(n, self._rng, **kw)
             slots, probabilities, weights = sel.slots, sel.probabilities, sel.weights
             np.add.at(self._index["times_sampled"], slots, 1)  # slots repeat for i.i.d. samplers
             done = slots[self._index["times_sampled"][slots] >= self.spec.max_times_sampled] \
@@ -441,8 +564,8 @@ class Table:
         if self.spec.sampler.type in _UNORDERED:
             order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
             slots, probabilities, weights = slots[order], probabilities[order], weights[order]
-        self._log("sampled", ids=self._index["id"][slots], n=n)
-        self._sampled(n)
+        self._log("sampled", ids=self._index["id"][slots], n=len(slots))
+        self._sampled(len(slots))  # fewer than n: groups released partial
         self._record_staleness("sample", slots)
         if step is not None:
             self._record_manifest(step, slots)
@@ -450,6 +573,43 @@ class Table:
         self._remove(done, "max_times_sampled", in_sampler=False)
         self._changed()
         return rows
+
+    # -- group timeouts (group_timeouts.py) ------------------------------------------
+
+    def _tick(self) -> None:
+        """Settle the groups whose timeout passed (lock held): journaled, then applied."""
+        if self._timeouts is None or self._closed:
+            return
+        due = self._timeouts.due(self._wall_clock())
+        if len(due) == 0:
+            return
+        forming = self._sampler.forming(due)  # the others completed in time, or broke
+        if len(forming):
+            action = self.spec.group_timeout_action
+            self._log("group_timeout", groups=[self._groups.name(c) for c in forming.tolist()], action=action)
+            self._settle(forming, action)
+            self._changed()
+
+    def _settle(self, codes: np.ndarray, action: str) -> None:
+        """Time out forming groups (lock held; replay too): release them, their members'
+        group_size corrected to what arrived, or drop their members."""
+        codes, slots = self._sampler.expire(codes, release=action == "release")
+        self._timeouts.settle(codes, action)
+        if action == "release":
+            _, group, arrived = np.unique(self._index["group"][slots], return_inverse=True, return_counts=True)
+            self._index["group_size"][slots] = arrived[group]
+            self.counters["group_timeouts_released"] += len(codes)
+            self._remove(self._sampler.rejected(), "zero_variance", log=False)  # drop_zero_variance
+        else:
+            self._remove(slots, "group_timeout", log=False)
+            self.counters["group_timeouts_dropped"] += len(codes)
+
+    def _next_group_timeout(self) -> float | None:
+        """Seconds until the next group timeout, if any (a waiting sample retries then)."""
+        if self._timeouts is None:
+            return None
+        deadline = self._timeouts.next_deadline()
+        return None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3
 
     def _touch(self, n: int) -> np.ndarray:
         """The next n values of the insert-or-update counter (index column "touched")."""
@@ -471,7 +631,7 @@ class Table:
                                            minlength=len(STALENESS_BUCKETS) + 1)
         self.counters[f"staleness.{op}.sum"] += int(behind.sum())
 
-    def _sample_capped(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _sample_capped(self, n: int, kw: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Sample with replacement while no item exceeds max_times_sampled, as Reverb's
         one-at-a-time sampling would: draws beyond an item's allowance are rejected, items
         that reach it leave the sampler, and the rejected draws are redrawn. Each round
@@ -479,7 +639,7 @@ class Table:
         ts, cap = self._index["times_sampled"], self.spec.max_times_sampled
         parts, exhausted, left = [], [], n
         while left:
-            sel = self._sampler.sample(left, self._rng)
+            sel = self._sampler.sample(left, self._rng, **kw)
             keep = occurrence_rank(sel.slots) < cap - ts[sel.slots]
             taken = sel.slots[keep]
             np.add.at(ts, taken, 1)
@@ -847,6 +1007,7 @@ class Table:
         """Items by id, in the given order. NOT_FOUND names the first unknown id."""
         ids = self._ids(item_ids)
         with self._cond:
+            self._tick()
             rows = self._snapshot(self._lookup(ids))
         return self._gather(rows)
 
@@ -864,6 +1025,7 @@ class Table:
             raise InvalidArgument(f"table {self.name!r}: no column {unknown[0]!r} "
                                   f"(columns: {', '.join(self.schema.names)})")
         with self._cond:
+            self._tick()
             ix = self._index
             slots = ix.live_slots()
             keep = np.ones(len(slots), dtype=bool)
@@ -950,6 +1112,7 @@ class Table:
     def stats(self) -> dict[str, float]:
         """Flat counters (documented in docs/stats.md)."""
         with self._cond:
+            self._tick()
             s: dict[str, float] = {
                 "items": len(self._index),
                 **self._chunks.placement.stats(),
@@ -967,7 +1130,9 @@ class Table:
                       "priority_updates", "compactions", "compacted_rows", "removed_max_size", "removed_max_times_sampled",
                       "removed_stale", "removed_zero_variance", "insert_waits", "sample_waits",
                       "stream_waits", "insert_wait_seconds", "sample_wait_seconds",
-                      "stream_wait_seconds", "compaction_failures", "removed_lost", "archived_items"):
+                      "stream_wait_seconds", "compaction_failures", "removed_lost", "archived_items",
+                      "removed_group_timeout", "removed_group_late", "group_timeouts_released",
+                      "group_timeouts_dropped", "ingest_unchecked"):
                 s[k] = self.counters[k]
             for k, v in self._limiter.state().items():
                 if isinstance(v, (int, float)):
@@ -1071,11 +1236,13 @@ class Table:
         """Per-row facts and a read plan (resident batches, other chunks pinned), taken
         under the lock."""
         ix = self._index
+        released = None if self._timeouts is None else self._timeouts.released(ix["group"][slots])
         return _Snapshot(
             plan=self._chunks.placement.plan(ix["chunk"][slots], ix["row"][slots]),
             schema=self.schema, item_ids=ix["id"][slots], priorities=ix["priority"][slots],
             times_sampled=ix["times_sampled"][slots], policy_versions=ix["policy_version"][slots],
-            probabilities=probabilities, weights=weights)
+            probabilities=probabilities, weights=weights, released=released,
+            group_sizes=None if released is None else ix["group_size"][slots])
 
     def _gather(self, snap: "_Snapshot", columns: list[str] | None = None) -> Rows:
         """Read and copy the rows (``columns`` of them) out of their chunks (no lock held:
@@ -1093,6 +1260,8 @@ class Table:
                 batches = {k: b.select(columns) for k, b in batches.items()}
                 schema = pa.schema([self.schema.field(c) for c in columns])
             data = take_rows(batches, keys, rows, schema)
+            if snap.released is not None:
+                data = _with_released(data, snap.released, snap.group_sizes)
         finally:
             if snap.plan.pinned:
                 with self._cond:
@@ -1125,7 +1294,7 @@ class Table:
         c = self._index.cols
         return Items(slots=slots, ids=c["id"][slots], priorities=c["priority"][slots],
                      groups=c["group"][slots], group_sizes=c["group_size"][slots],
-                     tasks=c["task"][slots], rewards=c["reward"][slots])
+                     tasks=c["task"][slots], rewards=c["reward"][slots], data_versions=c["data_version"][slots])
 
     def _victims(self, k: int) -> np.ndarray:
         if k <= 0:
@@ -1409,6 +1578,8 @@ class Table:
             limiter=self._limiter.state(),
             consumers=[g.to_dict(self._clock()) for g in self._consumers.values()],
             **self._quarantine.to_fields(), **self._chunks.placement.state())
+        if self._timeouts is not None:
+            fields["group_timeouts"] = self._timeouts.state(self._groups.name)
         if self._keys is not None:
             fields["removed_keys"], fields["removed_ids"] = self._keys.removed()
         self._journal.write_snapshot(fields)
@@ -1433,6 +1604,8 @@ class Table:
             finally:
                 self._replaying = False
             lost = self._adopt_chunks()
+            if self._checks is not None:
+                self._rebuild_lineage()
             if self._chunks.placement.legacy:  # record the demotions: the next start needs no listing
                 self._write_snapshot()
             self.counters.clear()  # stats count what this process did; replay is not that
@@ -1445,6 +1618,8 @@ class Table:
             self._tasks._code(name)
         ids = s["col_id"]
         s.setdefault("col_touched", ids.astype(np.int64))  # snapshots before it: insertion order
+        for name in ("episode", "data_version"):  # snapshots before them: none
+            s.setdefault(f"col_{name}", np.zeros(len(ids), np.int64))
         rows = {name: s[f"col_{name}"] for name in COLUMNS if name not in ("id", "group", "task")}
         slots, _ = self._index.add(len(ids), ids=ids, group=s["col_group"], task=s["col_task"], **rows)
         if len(ids) == 0:
@@ -1468,6 +1643,33 @@ class Table:
         self._consumers = {d["name"]: ConsumerGroup.from_dict(d, now) for d in s["consumers"]}
         self._quarantine.restore(s)
         self._chunks.placement.load_state(s)
+        if self._timeouts is not None and s.get("group_timeouts") is not None:
+            self._timeouts.load(s["group_timeouts"], self._groups.find)
+            self._rerelease(slots)
+
+    def _rerelease(self, slots: np.ndarray) -> None:
+        """After a snapshot load, make the groups released before it eligible again (their
+        members were re-inserted as forming), unless one of them left since the release
+        (the group broke: never eligible again)."""
+        ix = self._index
+        forming = self._sampler.forming(self._timeouts.codes(group_timeouts.RELEASED))
+        members = slots[np.isin(ix["group"][slots], forming)]
+        if len(members) == 0:
+            return
+        codes, first, arrived = np.unique(ix["group"][members], return_index=True, return_counts=True)
+        whole = codes[arrived == ix["group_size"][members][first]]
+        self._sampler.expire(whole, release=True)
+        self._remove(self._sampler.rejected(), "zero_variance", log=False)
+
+    def _rebuild_lineage(self) -> None:
+        """The ingest checks' references from the live items (after a restore)."""
+        ix = self._index
+        live = ix.live_slots()
+        live = live[np.argsort(ix["id"][live], kind="stable")]
+        groups = [None] * len(live)
+        if "group_prefix" in self._checks.names:
+            groups = [self._groups.name(c) if c >= 0 else None for c in ix["group"][live].tolist()]
+        self._lineage.rebuild(ix["id"][live], ix["episode"][live], groups)
 
     def _live_slots_of(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
@@ -1477,6 +1679,9 @@ class Table:
         self._remove(self._live_slots_of(f["victims"]), "max_size")
         rows = {name: f[name] for name in ("chunk", "row", "priority", "policy_version",
                                            "inserted_at", "group_size", "reward")}
+        for name in ("episode", "data_version"):  # records before them have none
+            if name in f:
+                rows[name] = f[name]
         self._add_items(f["ids"], rows, f["groups"], f["tasks"], f["keys"], f["stored"])
         self._chunks.placement.replay_written(f["chunk"], f.get("insert_durability"))
 
@@ -1491,6 +1696,9 @@ class Table:
     def _replay_priority(self, f: dict) -> None:
         slots = self._index.lookup(f["ids"])
         self._set_priorities(slots[slots >= 0], f["priorities"][slots >= 0])
+
+    def _replay_group_timeout(self, f: dict) -> None:
+        self._settle(np.array([self._groups.find(g) for g in f["groups"]], np.int64), f["action"])
 
     def _replay_version(self, f: dict) -> None:
         self.policy_version = int(f["version"])
@@ -1635,6 +1843,23 @@ def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.
     return book.encode(pa.array(values, pa.string()) if isinstance(values, list) else values)
 
 
+def _with_released(data: pa.RecordBatch, released: np.ndarray, sizes: np.ndarray) -> pa.RecordBatch:
+    """Rows read back from a table with group timeouts: ``group_released_partial`` filled
+    in, and ``group_size`` corrected to what arrived for rows of released groups (of
+    the columns ``data`` has)."""
+    names = data.schema.names
+    if group_timeouts.COLUMN in names:
+        i = names.index(group_timeouts.COLUMN)
+        data = data.set_column(i, data.schema.field(i), pa.array(released, pa.bool_()))
+    if "group_size" in names and released.any():
+        i = names.index("group_size")
+        stored = data.column(i).to_numpy(zero_copy_only=False)
+        values = np.where(released, sizes, np.nan_to_num(stored.astype(np.float64), nan=-1)).astype(np.int64)
+        mask = ~released & data.column(i).is_null().to_numpy(zero_copy_only=False)
+        data = data.set_column(i, data.schema.field(i), pa.array(values, pa.int32(), mask=mask))
+    return data
+
+
 def _chunk_runs(chunks: np.ndarray) -> list[tuple[int, int]]:
     """(start, end) of each run of equal values in a sorted array."""
     starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]) if len(chunks) else np.zeros(0, np.int64)
@@ -1664,3 +1889,5 @@ class _Snapshot:
     policy_versions: np.ndarray
     probabilities: np.ndarray | None
     weights: np.ndarray | None
+    released: np.ndarray | None = None  # bool per row: its group was released partial
+    group_sizes: np.ndarray | None = None  # the index's group_size per row (corrected on release)
