@@ -40,8 +40,10 @@ def check(column: pa.ChunkedArray | pa.Array, token_counts: np.ndarray, spec: Ro
     ``top_k`` integer ids in [0, num_experts), no nulls inside."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
-    def fail(row: int, what: str) -> InvalidArgument:
-        return InvalidArgument(f"table {table!r}: row {row_offset + row}, column {COLUMN!r}: {what}")
+    def fail(j: int, level: int, what: str) -> InvalidArgument:
+        """The error for flat element j at ``level`` (see _where)."""
+        row, where = _where(j, level, token_row, n_entries, spec)
+        return InvalidArgument(f"table {table!r}: row {row_offset + row}, column {COLUMN!r}: {where}{what}")
 
     if not _listlike(arr.type) or not _listlike(arr.type.value_type) or not _listlike(arr.type.value_type.value_type) \
             or not pa.types.is_integer(arr.type.value_type.value_type.value_type):
@@ -52,28 +54,28 @@ def check(column: pa.ChunkedArray | pa.Array, token_counts: np.ndarray, spec: Ro
     bad = np.flatnonzero(valid & (n_entries != token_counts))
     if len(bad):
         r = int(bad[0])
-        raise fail(r, f"{n_entries[r]} entries; expected {token_counts[r]}, one per token (the length of tokens)")
+        raise InvalidArgument(f"table {table!r}: row {row_offset + r}, column {COLUMN!r}: {n_entries[r]} entries; "
+                              f"expected {token_counts[r]}, one per token (the length of tokens)")
     token_row = _owner(n_entries)  # the row of each token entry (one int per token: affordable)
     per_token = pc.list_flatten(arr)
     for level, (want, what) in enumerate(((spec.layers, "layers"), (spec.top_k, "experts"))):
         if per_token.null_count:
             j = int(np.argmax(per_token.is_null().to_numpy(zero_copy_only=False)))
-            raise fail(*_where(j, level, token_row, n_entries, spec), "is null; entries must not hold nulls")
+            raise fail(j, level, " is null; entries must not hold nulls")
         sizes = _lengths(per_token)
         wrong = np.flatnonzero(sizes != want)
         if len(wrong):
             j = int(wrong[0])
-            raise fail(*_where(j, level, token_row, n_entries, spec), f"has {sizes[j]} {what}; expected {want}")
+            raise fail(j, level, f" has {sizes[j]} {what}; expected {want}")
         per_token = pc.list_flatten(per_token)
     ids = per_token
     if ids.null_count:
         j = int(np.argmax(ids.is_null().to_numpy(zero_copy_only=False)))
-        raise fail(*_where(j, 2, token_row, n_entries, spec), "is null; expected an expert id")
+        raise fail(j, 2, " is null; expected an expert id")
     values = ids.to_numpy(zero_copy_only=False)
     if len(values) and (values.min() < 0 or values.max() >= spec.num_experts):
         j = int(np.argmax((values < 0) | (values >= spec.num_experts)))
-        raise fail(*_where(j, 2, token_row, n_entries, spec),
-                   f"expert id {values[j]}; expected an id in [0, {spec.num_experts}) (the table's num_experts)")
+        raise fail(j, 2, f": expert id {values[j]}; expected an id in [0, {spec.num_experts}) (the table's num_experts)")
 
 
 def _listlike(t: pa.DataType) -> bool:

@@ -16,6 +16,7 @@ from expstore_proto.service import INSERT_PAYLOAD
 from expstore_proto.v1 import expstore_pb2 as pb
 
 from .batch import SampleBatch
+from .tensors import cell_shape, tensor_list
 
 DURABILITY = {None: pb.DURABILITY_UNSPECIFIED, "memory": pb.DURABILITY_MEMORY,
               "wal": pb.DURABILITY_WAL, "fsync": pb.DURABILITY_FSYNC}
@@ -85,7 +86,15 @@ def to_arrow(data: Any, schema: pa.Schema | None) -> pa.Table:
         sub = None
         if schema is not None and all(n in schema.names for n in names):
             sub = pa.schema([schema.field(n) for n in names])
-        return pa.Table.from_pylist(rows, schema=sub)
+        tensors = [n for n in names if sub is not None and cell_shape(sub.field(n).type) is not None]
+        if not tensors:
+            return pa.Table.from_pylist(rows, schema=sub)
+        # per-token tensors (routed_experts): (T, ...) arrays per row, packed in one copy
+        plain = pa.Table.from_pylist([{k: v for k, v in r.items() if k not in tensors} for r in rows],
+                                     schema=pa.schema([f for f in sub if f.name not in tensors]))
+        for n in tensors:
+            plain = plain.append_column(sub.field(n), tensor_list([r.get(n) for r in rows], sub.field(n).type))
+        return plain.select(names)
     raise TypeError(f"cannot insert {type(data).__name__}: give a pa.Table, RecordBatch, "
                     f"list of dicts or dict of arrays")
 
@@ -99,6 +108,8 @@ def _field_type(schema: pa.Schema | None, name: str) -> pa.DataType | None:
 def _column(values: Any, type_: pa.DataType | None) -> pa.Array:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values
+    if type_ is not None and cell_shape(type_) is not None:  # rows of (T, ...) arrays, or (B, T, ...)
+        return tensor_list(list(values), type_)
     if isinstance(values, np.ndarray) and values.ndim == 2:  # (B, T) -> list<T>
         b, t = values.shape
         flat = pa.array(values.reshape(-1))

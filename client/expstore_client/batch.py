@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.types as pat
 
+from .tensors import cell_shape, flat
+
 
 class Ragged(NamedTuple):
     """A list column packed with offsets: row i is ``values[offsets[i]:offsets[i+1]]``
@@ -52,7 +54,9 @@ class SampleBatch:
 
     def to_numpy(self, columns: list[str] | None = None) -> dict[str, Any]:
         """Fixed-width columns -> ndarray (a view when there are no nulls); lists of
-        fixed-width values -> Ragged(values, offsets) views; other columns -> Arrow arrays."""
+        fixed-width values -> Ragged(values, offsets) views; lists of per-token tensors
+        (``routed_experts``) -> Ragged with values of shape (sum T, layers, top_k);
+        other columns -> Arrow arrays."""
         return {name: _to_numpy(self.column(name)) for name in (columns or self.data.column_names)}
 
     def to_torch(self, columns: list[str] | None = None, pad_to: int | str | None = None,
@@ -61,7 +65,8 @@ class SampleBatch:
 
         pad_to=None packs list columns as Ragged(values, offsets) tensors (no copy);
         pad_to="max" or an int pads them into dense (B, T) tensors (a copy), truncating
-        rows longer than an int ``pad_to``. String and nested columns are skipped.
+        rows longer than an int ``pad_to``; per-token tensors pad to (B, T, *cell), e.g.
+        ``routed_experts`` to (B, T, layers, top_k). String and nested columns are skipped.
         Tensors that share memory are views of the received buffer: read them, or
         ``.clone()`` before writing in place.
         """
@@ -90,17 +95,18 @@ class SampleBatch:
 
 
 def pad(ragged: Ragged, pad_to: int | str, pad_value: float = 0) -> np.ndarray:
-    """Ragged -> dense (B, T) array; T = longest row for "max"."""
+    """Ragged -> dense (B, T, ...) array (values of shape (N, ...)); T = longest row for "max"."""
     offsets = np.asarray(ragged.offsets)
     lengths = np.diff(offsets)
     width = int(lengths.max(initial=0)) if pad_to == "max" else int(pad_to)
-    out = np.full((len(lengths), width), pad_value, dtype=ragged.values.dtype)
+    values = np.asarray(ragged.values)
+    out = np.full((len(lengths), width, *values.shape[1:]), pad_value, dtype=values.dtype)
     keep = np.minimum(lengths, width)
     # Scatter all rows at once: position of each kept value in the flat output.
     rows = np.repeat(np.arange(len(lengths)), keep)
     cols = np.arange(int(keep.sum())) - np.repeat(np.cumsum(keep) - keep, keep)
     src = np.repeat(offsets[:-1], keep) + cols
-    out[rows, cols] = ragged.values[src]
+    out[rows, cols] = values[src]
     return out
 
 
@@ -111,6 +117,8 @@ def _offsets(arr: pa.Array) -> np.ndarray:
 
 def _to_numpy(arr: pa.Array) -> Any:
     t = arr.type
+    if cell_shape(t) is not None and arr.null_count == 0:
+        return Ragged(*flat(arr))
     if (pat.is_list(t) or pat.is_large_list(t)) and _fixed_width(t.value_type) and arr.null_count == 0:
         offsets = arr.offsets.to_numpy()
         values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
