@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 from .errors import InvalidArgument
 
 EPISODE_COLUMN = "episode_id"
-REFERENCE_COLUMNS = ["prompt_id", EPISODE_COLUMN, "group_id", "tokens", "loss_mask"]
+REFERENCE_COLUMNS = ["prompt_id", EPISODE_COLUMN, "tokens", "loss_mask"]  # those the table has
 
 
 def episode_hashes(data: pa.Table) -> np.ndarray:
@@ -179,7 +179,7 @@ class Checks:
         pool = _Pool([p.column("tokens") for p in parts], [p.column("loss_mask") for p in parts])
         pooled = {int(item): n + k for k, item in enumerate(stored_ids)}
         keys = {}
-        if stored is not None and stored.num_rows:
+        if stored is not None and stored.num_rows and EPISODE_COLUMN in stored.column_names:
             keys = dict(zip(pooled, zip(stored.column("prompt_id").to_pylist(),
                                         stored.column(EPISODE_COLUMN).to_pylist())))
         if "extends" in self.names:

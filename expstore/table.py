@@ -294,7 +294,8 @@ class Table:
                     slots = self._index.lookup(ids)
                     stored_ids = ids[slots >= 0]
                     snap = self._snapshot(slots[slots >= 0])
-                stored = pa.Table.from_batches([self._gather(snap, ingest_checks.REFERENCE_COLUMNS).data])
+                columns = [c for c in ingest_checks.REFERENCE_COLUMNS if c in self.schema.names]
+                stored = pa.Table.from_batches([self._gather(snap, columns).data])
             except ExpstoreError as e:  # a tier down, damage: compare within the insert only
                 log.warning("table %r: ingest checks compare within the insert only: %s", self.name, e)
                 stored, stored_ids = None, np.zeros(0, np.uint64)
