@@ -63,6 +63,17 @@ def table_config(name: str, *, kind: str = "trajectory", schema: pa.Schema | Non
     return config
 
 
+def version_ranges(data_versions: Mapping[str, tuple[int | None, int | None]] | None
+                   ) -> dict[str, pb.VersionRange] | None:
+    """``{task: (lo, hi)}`` (either bound None: open) -> SampleRequest.data_versions."""
+    if data_versions is None:
+        return None
+    out = {}
+    for task, (lo, hi) in data_versions.items():
+        out[task] = pb.VersionRange(**{k: v for k, v in (("min", lo), ("max", hi)) if v is not None})
+    return out
+
+
 def table_info(info: pb.TableInfo) -> TableInfo:
     config = message_to_dict(info.config)
     config.pop("schema", None)

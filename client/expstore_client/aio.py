@@ -85,12 +85,15 @@ class AsyncClient:
         return _codec.insert_result(await call)
 
     async def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
-                     compress: bool = False, step: int | None = None) -> SampleBatch:
-        """One batch; samples of one client reach the server in the order they were called."""
+                     compress: bool = False, step: int | None = None,
+                     data_versions: Mapping[str, tuple[int | None, int | None]] | None = None) -> SampleBatch:
+        """One batch; samples of one client reach the server in the order they were called
+        (``data_versions`` as in ``Client.sample``)."""
         turn = self._samples.take()
         async with turn:
             timeout = self.timeout if timeout is None else timeout
-            req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step)
+            req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step,
+                                   data_versions=_codec.version_ranges(data_versions))
             call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout), timeout)
         return _codec.rows([m async for m in call], with_weights=True)
 

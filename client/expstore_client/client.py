@@ -71,7 +71,10 @@ class Client:
         """Create a table. ``config`` takes the other TableConfig fields: remover,
         max_size, max_times_sampled, max_staleness, memory_bytes, key_column, dedup_window,
         tiers, ssd_bytes, durability, archive, vocab_size (token ids must be below it),
-        metadata (string notes such as the console's ``tokenizer``)."""
+        metadata (string notes such as the console's ``tokenizer``), group_timeout_s and
+        group_timeout_action, ingest_checks (a list), routed_experts (``{"layers": L,
+        "top_k": k, "num_experts": E}``); the sampler mapping may hold task_quotas
+        (``{task: {"min": share, "max": share}}``). See docs/config.md."""
         req = pb.CreateTableRequest(config=_codec.table_config(name, kind=kind, schema=schema, sampler=sampler,
                                                                rate_limiter=rate_limiter, **config),
                                     if_not_exists=if_not_exists)
@@ -115,11 +118,15 @@ class Client:
     # -- rows out ---------------------------------------------------------------------
 
     def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
-               compress: bool = False, step: int | None = None) -> SampleBatch:
+               compress: bool = False, step: int | None = None,
+               data_versions: Mapping[str, tuple[int | None, int | None]] | None = None) -> SampleBatch:
         """Sample a batch. With ``step``, the server records the batch's manifest (item
-        ids, policy versions) under that training step (``manifest(table, step)``)."""
+        ids, policy versions) under that training step (``manifest(table, step)``).
+        ``data_versions`` (``{task: (lo, hi)}``, ``"*"`` for the other tasks, None for an
+        open bound; task mixing with a ``data_version`` column) samples only those versions."""
         timeout = self.timeout if timeout is None else timeout
-        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step)
+        req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step,
+                               data_versions=_codec.version_ranges(data_versions))
         return _codec.rows(list(self._call(self._stub.Sample, req, timeout)), with_weights=True)
 
     def sampler(self, table: str, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,

@@ -28,7 +28,8 @@ def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
     s, r = spec.sampler, spec.rate_limiter
     sampler = pb.SamplerConfig(type=s.type, alpha=s.alpha, beta=s.beta, group_size=s.group_size,
                                drop_zero_variance=s.drop_zero_variance, group_order=s.group_order,
-                               task_weights=s.task_weights or {})
+                               task_weights=s.task_weights or {},
+                               task_quotas={t: pb.TaskQuota(**q) for t, q in (s.task_quotas or {}).items()})
     limiter = pb.RateLimiterConfig(type=r.type, min_size_to_sample=r.min_size_to_sample,
                                    samples_per_insert=r.samples_per_insert)
     for name in ("error_buffer", "min_diff", "max_diff", "size"):
@@ -39,7 +40,8 @@ def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
         max_size=spec.max_size, max_times_sampled=spec.max_times_sampled, rate_limiter=limiter,
         memory_bytes=spec.memory_bytes, dedup_window=spec.dedup_window, tiers=spec.tiers,
         ssd_bytes=spec.ssd_bytes, durability=spec.durability, archive=spec.archive,
-        metadata=spec.metadata or {})
+        metadata=spec.metadata or {}, group_timeout_action=spec.group_timeout_action,
+        ingest_checks=list(spec.ingest_checks or ()))
     if spec.schema is not None:
         config.schema = arrow_ipc.encode_schema(spec.schema)
     if spec.key_column is not None:
@@ -48,7 +50,21 @@ def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
         config.max_staleness = spec.max_staleness
     if spec.vocab_size is not None:
         config.vocab_size = spec.vocab_size
+    if spec.group_timeout_s is not None:
+        config.group_timeout_s = spec.group_timeout_s
+    if spec.routed_experts is not None:
+        e = spec.routed_experts
+        config.routed_experts.CopyFrom(pb.RoutedExpertsConfig(layers=e.layers, top_k=e.top_k,
+                                                              num_experts=e.num_experts))
     return config
+
+
+def version_ranges(ranges) -> dict[str, tuple[int | None, int | None]] | None:
+    """SampleRequest.data_versions -> ``Table.sample``'s ``data_versions`` (None: unset)."""
+    if not ranges:
+        return None
+    return {task: (r.min if r.HasField("min") else None, r.max if r.HasField("max") else None)
+            for task, r in ranges.items()}
 
 
 def table_info(table: Table) -> pb.TableInfo:

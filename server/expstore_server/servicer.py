@@ -281,10 +281,11 @@ class Servicer:
             table = self.store.table(request.table)
             turn = table.turn("sample", context.peer())
             step = request.step if request.HasField("step") else None
+            versions = convert.version_ranges(request.data_versions)
             messages = await self._blocking(
                 table, "sample",
-                lambda: self._messages(table.sample(request.batch_size, timeout=0, step=step, turn=turn),
-                                       request.compress),
+                lambda: self._messages(table.sample(request.batch_size, timeout=0, step=step, turn=turn,
+                                                    data_versions=versions), request.compress),
                 request.timeout_s, context, arrival=arrival, turn=turn)
         for msg in messages:
             yield msg

@@ -19,7 +19,7 @@ DURABILITY_WAL: Durability
 DURABILITY_FSYNC: Durability
 
 class SamplerConfig(_message.Message):
-    __slots__ = ("type", "alpha", "beta", "group_size", "drop_zero_variance", "group_order", "task_weights")
+    __slots__ = ("type", "alpha", "beta", "group_size", "drop_zero_variance", "group_order", "task_weights", "task_quotas")
     class TaskWeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,13 @@ class SamplerConfig(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class TaskQuotasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TaskQuota
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TaskQuota, _Mapping]] = ...) -> None: ...
     TYPE_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +41,7 @@ class SamplerConfig(_message.Message):
     DROP_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
     GROUP_ORDER_FIELD_NUMBER: _ClassVar[int]
     TASK_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    TASK_QUOTAS_FIELD_NUMBER: _ClassVar[int]
     type: str
     alpha: float
     beta: float
@@ -41,7 +49,26 @@ class SamplerConfig(_message.Message):
     drop_zero_variance: bool
     group_order: str
     task_weights: _containers.ScalarMap[str, float]
-    def __init__(self, type: _Optional[str] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., group_size: _Optional[int] = ..., drop_zero_variance: _Optional[bool] = ..., group_order: _Optional[str] = ..., task_weights: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    task_quotas: _containers.MessageMap[str, TaskQuota]
+    def __init__(self, type: _Optional[str] = ..., alpha: _Optional[float] = ..., beta: _Optional[float] = ..., group_size: _Optional[int] = ..., drop_zero_variance: _Optional[bool] = ..., group_order: _Optional[str] = ..., task_weights: _Optional[_Mapping[str, float]] = ..., task_quotas: _Optional[_Mapping[str, TaskQuota]] = ...) -> None: ...
+
+class TaskQuota(_message.Message):
+    __slots__ = ("min", "max")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    min: float
+    max: float
+    def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
+class RoutedExpertsConfig(_message.Message):
+    __slots__ = ("layers", "top_k", "num_experts")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    layers: int
+    top_k: int
+    num_experts: int
+    def __init__(self, layers: _Optional[int] = ..., top_k: _Optional[int] = ..., num_experts: _Optional[int] = ...) -> None: ...
 
 class RateLimiterConfig(_message.Message):
     __slots__ = ("type", "min_size_to_sample", "samples_per_insert", "error_buffer", "min_diff", "max_diff", "size")
@@ -62,7 +89,7 @@ class RateLimiterConfig(_message.Message):
     def __init__(self, type: _Optional[str] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., size: _Optional[int] = ...) -> None: ...
 
 class TableConfig(_message.Message):
-    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window", "tiers", "ssd_bytes", "durability", "archive", "vocab_size", "metadata")
+    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window", "tiers", "ssd_bytes", "durability", "archive", "vocab_size", "metadata", "group_timeout_s", "group_timeout_action", "ingest_checks", "routed_experts")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +115,10 @@ class TableConfig(_message.Message):
     ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    GROUP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    GROUP_TIMEOUT_ACTION_FIELD_NUMBER: _ClassVar[int]
+    INGEST_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     schema: bytes
@@ -106,7 +137,11 @@ class TableConfig(_message.Message):
     archive: bool
     vocab_size: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ..., tiers: _Optional[str] = ..., ssd_bytes: _Optional[int] = ..., durability: _Optional[str] = ..., archive: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    group_timeout_s: float
+    group_timeout_action: str
+    ingest_checks: _containers.RepeatedScalarFieldContainer[str]
+    routed_experts: RoutedExpertsConfig
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ..., tiers: _Optional[str] = ..., ssd_bytes: _Optional[int] = ..., durability: _Optional[str] = ..., archive: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., group_timeout_s: _Optional[float] = ..., group_timeout_action: _Optional[str] = ..., ingest_checks: _Optional[_Iterable[str]] = ..., routed_experts: _Optional[_Union[RoutedExpertsConfig, _Mapping]] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("config", "if_not_exists")
@@ -181,18 +216,35 @@ class InsertResponse(_message.Message):
     def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ..., num_stale: _Optional[int] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("table", "batch_size", "timeout_s", "compress", "step")
+    __slots__ = ("table", "batch_size", "timeout_s", "compress", "step", "data_versions")
+    class DataVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: VersionRange
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[VersionRange, _Mapping]] = ...) -> None: ...
     TABLE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     COMPRESS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     table: str
     batch_size: int
     timeout_s: float
     compress: bool
     step: int
-    def __init__(self, table: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ..., step: _Optional[int] = ...) -> None: ...
+    data_versions: _containers.MessageMap[str, VersionRange]
+    def __init__(self, table: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ..., step: _Optional[int] = ..., data_versions: _Optional[_Mapping[str, VersionRange]] = ...) -> None: ...
+
+class VersionRange(_message.Message):
+    __slots__ = ("min", "max")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    min: int
+    max: int
+    def __init__(self, min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
     __slots__ = ("table", "group", "batch_size", "timeout_s", "visibility_timeout_s", "compress", "start")
