@@ -35,8 +35,10 @@ a restart rebuilds it from the index (each item keeps a 64-bit hash of its episo
 a hash collision is caught by comparing the referenced row's key before any refusal).
 
 Cost: vectorised numpy over the flat token arrays (one comparison per token of the
-compared prefixes) plus one hash per distinct episode; measured per 256-row insert in
-benchmarks/ingest_checks.py.
+compared prefixes) plus one hash per distinct episode, and for ``extends`` one gather of
+the stored rows extended. Measured once on a shared 2-core machine, in memory: a 256-row
+insert of rows of 2.5-4k tokens (each extending its episode's previous row by 512) took
+7-14 ms unchecked, 22-51 ms with ``extends`` or ``group_prefix``, 47-49 ms with all three.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ ids; locations are computed for the first offence only (the ids of a 256-row ins
 long rollouts number in the hundreds of millions).
 
 Bytes per token: ``layers * top_k * itemsize`` raw (64 layers, top-8 of 256 experts:
-512 B), plus 4 bytes of list offsets per row. Stored sizes are measured in
+512 B), plus 4 bytes of list offsets per row. Stored (zstd) sizes are measured by
 benchmarks/routed_experts.py and reported in docs/semantics.md.
 """
 
