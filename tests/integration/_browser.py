@@ -54,9 +54,13 @@ def wait_for(driver, css: str, timeout: float = 30.0):
 
 
 def wait_until(driver, condition, timeout: float = 30.0):
+    """``condition(driver)`` once truthy; an element the page re-rendered while the condition
+    read it (stale) counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(lambda d: condition(d))
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: condition(d))
 
 
 def screenshot(driver, name: str) -> Path:

@@ -65,7 +65,8 @@ def test_a_server_starts_with_s3_down_serves_memory_and_ssd_and_catches_up_when_
         server = start_server(tmp_path / "data", config, env=ENV)  # on main: refused, S3 unreachable
         c = Client(server.address)
         stats = c.stats("r")["r"]
-        assert stats["items"] == 120 and stats["remote_chunks"] == remote_before  # known from the journal
+        # known from the journal (the mover may have moved another chunk before the stop)
+        assert stats["items"] == 120 and stats["remote_chunks"] >= remote_before
         newest = c.get("r", ids[-1])  # SSD items are served ...
         assert newest.column("traj_id").to_pylist() == [f"r11-{j}" for j in range(10)]
         assert sorted(c.sample("r", 10).ids.tolist()) == ids[-1]  # (lifo: the newest, on the SSD)
@@ -139,7 +140,7 @@ def free_bytes(path) -> int:
 @pytest.mark.parametrize("disk_mib, min_free", [(48, 0), (160, 16 << 20)])
 def test_on_a_full_disk_drop_table_succeeds_and_gives_the_space_back(small_disk, disk_mib, min_free):
     """A real (tmpfs) disk filled by inserts: RESOURCE_EXHAUSTED before RocksDB meets ENOSPC,
-    then DropTable works and frees the space at once, as the error advises."""
+    then DropTable works and gives the space back, as the error advises."""
     disk = small_disk(disk_mib)
     server = start_server(disk / "data", f"[server]\nmin_free_disk_bytes = {min_free}\n")
     c = Client(server.address)
@@ -157,7 +158,8 @@ def test_on_a_full_disk_drop_table_succeeds_and_gives_the_space_back(small_disk,
     assert full is not None and full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, full
     assert len(c.sample("keep", 4)) == 4  # reads go on
     c.drop_table("big")  # on main: RESOURCE_EXHAUSTED (min_free 0), or the space stays taken
-    assert free_bytes(disk) >= at_start - (2 << 20)
+    # RocksDB deletes the obsolete files on its background threads: soon, on a busy machine not at once
+    assert wait_until(lambda: free_bytes(disk) >= at_start - (2 << 20), timeout=60), free_bytes(disk)
     assert "is full" in full.details() and "drop tables" in full.details()  # the advice that worked
     c.insert("keep", trajectories(16, tokens=1024, id_prefix="after"))
     assert c.stats("keep")["keep"]["items"] == 24
