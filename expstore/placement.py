@@ -33,7 +33,7 @@ import pyarrow as pa
 from .errors import DataLoss, NotFound
 from .tiers.checksums import RemoteChecksums
 from .tiers.memory import MemoryTier
-from .tiers.rocks import RocksTier
+from .tiers.rocks import Layout, RocksTier
 
 _KEY_SHIFT = 20  # SSD block keys are chunk << 20 | block; whole chunks are keyed -1 - chunk
 
@@ -44,8 +44,7 @@ class Staged:
 
     chunk_id: int
     batch: pa.RecordBatch
-    offsets: np.ndarray | None = None
-    stored_bytes: int = 0
+    layout: Layout | None = None  # how the SSD tier stored it
     volatile: bool = False  # written without the write-ahead log (durability "memory")
 
 
@@ -97,15 +96,14 @@ class Placement:
         """Allocate a chunk id and write the chunk to the SSD tier (no lock needed)."""
         staged = Staged(self._new_id(), batch, volatile=durability == "memory")
         if self.ssd is not None:
-            wb, staged.offsets, staged.stored_bytes = self.ssd.encode(staged.chunk_id, batch)
-            self.ssd.db.write(wb, durability, grows=staged.stored_bytes)
+            wb, staged.layout = self.ssd.encode(staged.chunk_id, batch)
+            self.ssd.db.write(wb, durability, grows=staged.layout.stored)
         return staged
 
     def add(self, staged: Staged) -> None:
         self.memory.put(staged.chunk_id, staged.batch)
         if self.ssd is not None:
-            self.ssd.commit_put(staged.chunk_id, staged.offsets, staged.stored_bytes,
-                                staged.batch.get_total_buffer_size(), staged.batch.schema)
+            self.ssd.commit_put(staged.chunk_id, staged.layout)
             if staged.volatile:
                 self._volatile.add(staged.chunk_id)
             self.evict()

@@ -36,7 +36,7 @@ from .journal import Journal
 from .spec import TableSpec
 from .table import Storage, Table
 from .tiers.checksums import RemoteChecksums
-from .tiers.rocks import Database, RocksTier, table_prefix
+from .tiers.rocks import CACHE_BYTES, MEMTABLE_BYTES, Database, RocksTier, table_prefix
 
 log = logging.getLogger("expstore.store")
 _TABLE = b"table/"
@@ -48,17 +48,20 @@ class Store:
     """``remote`` makes a table's remote tier (``remote(table_name)``); ``remote_uri`` says
     where it is, recorded in the data dir (``remote_in_data_dir``: the default location
     inside the data dir, which moves with it; ``remote_restored``: a checkpoint restore
-    has just copied the tables' remote datasets there, so it replaces the one recorded)."""
+    has just copied the tables' remote datasets there, so it replaces the one recorded).
+    ``memtable_bytes`` and ``cache_bytes`` bound RocksDB's memory (``tiers.rocks``)."""
 
     def __init__(self, data_dir: str | Path | None = None, *, seed: int | None = None,
                  remote: Callable[[str], object] | None = None, min_free_bytes: int = 0,
                  remote_uri: str | None = None, remote_in_data_dir: bool = False,
-                 remote_restored: bool = False) -> None:
+                 remote_restored: bool = False, memtable_bytes: int = MEMTABLE_BYTES,
+                 cache_bytes: int = CACHE_BYTES) -> None:
         self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()
         self._seed = seed
         self._remote = remote
-        self.db = Database(data_dir, min_free_bytes) if data_dir is not None else None
+        self.db = Database(data_dir, min_free_bytes, memtable_bytes=memtable_bytes, cache_bytes=cache_bytes) \
+            if data_dir is not None else None
         self.restored: dict[str, dict[str, int]] = {}
         self.unopened: dict[str, Unopened] = {}  # tables that failed to restore, by name
         self.remote_error: str | None = None  # the last failure of the mover, until a pass succeeds

@@ -951,7 +951,7 @@ class Table:
             self._journal.drop()
             RemoteChecksums(self.storage.db, self.storage.table_id).drop()  # of every kind
             placement.delete(list(self._chunks._live))
-            placement.delete(placement.ssd.stored_chunks())
+            placement.ssd.delete_all()  # orphans too, without reading them: the table's family goes
 
     def _new_group(self, group: str, start: str) -> ConsumerGroup:
         """A consumer group reading from the earliest item or after the newest (lock held)."""

@@ -1,5 +1,5 @@
 """Damage real stored files, as a failing disk or bucket would: one flipped byte in a
-value of a RocksDB SST file, or in a Lance fragment's data file."""
+value of a RocksDB SST or blob file, or in a Lance fragment's data file."""
 
 from __future__ import annotations
 
@@ -25,6 +25,24 @@ def flip_in_sst(data_dir: Path, value: bytes, at: int | None = None) -> Path:
     path, offset = hits[0]
     data = bytearray(path.read_bytes())
     data[offset + at] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return path
+
+
+def flip_stored(data_dir: Path, key: bytes, value: bytes) -> Path:
+    """Flip one byte of the stored value of ``key`` where RocksDB wrote it: in an SST file
+    (small values, stored as they are) or in a blob file (values of MIN_BLOB_BYTES or
+    more, LZ4-compressed: the byte flipped is in the compressed value, just after the
+    key that the blob record stores in the clear). The server is stopped."""
+    from expstore.tiers.rocks import MIN_BLOB_BYTES
+    if len(value) < MIN_BLOB_BYTES:
+        return flip_in_sst(data_dir, value)
+    hits = [(f, data.find(key)) for f in sorted(Path(data_dir, "rocksdb").glob("*.blob"))
+            for data in [f.read_bytes()] for _ in range(data.count(key))]
+    assert len(hits) == 1, f"the key is in blob files {len(hits)} times, expected once (flush, no compaction)"
+    path, offset = hits[0]
+    data = bytearray(path.read_bytes())
+    data[offset + len(key) + 64] ^= 0x5A
     path.write_bytes(bytes(data))
     return path
 

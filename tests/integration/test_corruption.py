@@ -8,7 +8,7 @@ import signal
 
 import grpc
 import pytest
-from damage import flip_in_sst
+from damage import flip_in_sst, flip_stored
 
 from expstore.tiers.rocks import Database, table_prefix
 from expstore_client import Client
@@ -43,13 +43,13 @@ def test_a_damaged_sst_block_is_data_loss_naming_it_and_the_server_serves_on(tmp
     expected = c.get("a", ids).data.to_pylist()
     settled(server)
     # chunk 0, block 2 of table a (id 1): rows [14, 21) at 7 rows a block
-    flip_in_sst(tmp_path / "data", stored(tmp_path / "data", "chunks", table_prefix(1) + (0).to_bytes(8, "big") +
-                                          (2).to_bytes(4, "big")))
+    key = table_prefix(1) + (0).to_bytes(8, "big") + (2).to_bytes(4, "big")
+    flip_stored(tmp_path / "data", key, stored(tmp_path / "data", "chunks.1", key))  # a blob file's record
 
     server = start_server(tmp_path / "data")
     c = Client(server.address)
     err = rpc_error(lambda: c.sample("a", 40), grpc.StatusCode.DATA_LOSS)
-    assert "table 'a': SSD tier, table id 1, chunk 0, block 2: Corruption: block checksum mismatch" in err.details()
+    assert "table 'a': SSD tier, table id 1, chunk 0, block 2: Corruption: Blob CRC mismatch" in err.details()
     s = c.stats("a")["a"]
     lost = int(s["quarantined_items"])
     assert lost > 0 and s["items"] == 40 - lost and s["quarantined_chunks"] == 1
@@ -73,13 +73,13 @@ def test_damaged_chunk_metadata_or_journal_at_start_never_takes_the_server_down(
     for i in range(6):  # a's journal spans several RocksDB blocks
         c.insert("a", trajectories(40, tokens=16, id_prefix=f"a{i}-"))
     c.insert("b", trajectories(10, tokens=64, id_prefix="b"))
-    first = c.insert("c", trajectories(10, tokens=256, id_prefix="x")).item_ids
+    first = c.insert("c", trajectories(6, tokens=8, id_prefix="x")).item_ids  # one small block: its own SST block
     last = c.insert("c", trajectories(11, tokens=256, id_prefix="y")).item_ids  # the last chunk key
     settled(server)
     data = tmp_path / "data"
     db = Database(data)
     journal = next(v for _, v in db.items("journal", table_prefix(1)))
-    meta = db.get("chunks", [table_prefix(3) + (1).to_bytes(8, "big") + b"\xff" * 4])[0]
+    meta = db.get("chunks.3", [table_prefix(3) + (1).to_bytes(8, "big") + b"\xff" * 4])[0]
     db.close()
     flip_in_sst(data, journal)
     flip_in_sst(data, meta)
@@ -91,8 +91,8 @@ def test_damaged_chunk_metadata_or_journal_at_start_never_takes_the_server_down(
     rpc_error(lambda: c.sample("a", 1), grpc.StatusCode.DATA_LOSS)
     stats = c.stats()
     assert stats["a"] == {"unopened": 1.0}
-    assert stats["c"]["quarantined_items"] == 11 and stats["c"]["items"] == 10
-    assert c.get("c", first).data.num_rows == 10
+    assert stats["c"]["quarantined_items"] == 11 and stats["c"]["items"] == 6
+    assert c.get("c", first).data.num_rows == 6
     rpc_error(lambda: c.get("c", last[:1]), grpc.StatusCode.DATA_LOSS)
     assert c.sample("b", 10).data.num_rows == 10
     assert "could not be restored" in server.log

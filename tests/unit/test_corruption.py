@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pyarrow as pa
 import pytest
-from damage import flip_in_file, flip_in_sst, flush, fragment_file, logprob_bytes
+from damage import flip_in_file, flip_in_sst, flip_stored, flush, fragment_file, logprob_bytes
 
 from expstore import query as q
 from expstore.errors import DataLoss, DeadlineExceeded
@@ -18,21 +18,24 @@ from expstore.spec import SamplerSpec, TableSpec
 from expstore.store import Store
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
-from expstore.tiers.rocks import table_prefix
+from expstore.tiers.rocks import MIN_BLOB_BYTES, table_prefix
 
 pytestmark = pytest.mark.timeout(180)
 META = 0xFFFFFFFF
 
 
-def stored(store: Store, table: str, chunk: int, block: int) -> bytes:
-    return store.db.get("chunks", [store.table(table)._chunks.placement.ssd._key(chunk, block)])[0]
+def stored(store: Store, table: str, chunk: int, block: int) -> tuple[bytes, bytes]:
+    """(key, value) of a chunk's block (or META) in the SSD tier, for ``flip_stored``."""
+    ssd = store.table(table)._chunks.placement.ssd
+    key = ssd._key(chunk, block)
+    return key, store.db.get(ssd.family, [key])[0]
 
 
 def rows(batch: pa.RecordBatch | pa.Table) -> list[dict]:
     return batch.to_pylist()
 
 
-def test_a_flipped_sst_block_is_data_loss_naming_table_chunk_block_then_quarantined(tmp_path):
+def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_then_quarantined(tmp_path):
     store = Store(tmp_path / "d")
     a = store.create_table(TableSpec("a", sampler=SamplerSpec("fifo"), memory_bytes=1))
     b = store.create_table(TableSpec("b", memory_bytes=1))
@@ -45,12 +48,12 @@ def test_a_flipped_sst_block_is_data_loss_naming_table_chunk_block_then_quaranti
     value = stored(store, "a", 0, 2)
     flush(store.db)
     store.close()
-    flip_in_sst(tmp_path / "d", value)
+    flip_stored(tmp_path / "d", *value)
 
     store = Store(tmp_path / "d")
     a, b = store.table("a"), store.table("b")
-    with pytest.raises(DataLoss, match=r"table 'a': SSD tier, table id 1, chunk 0, block 2: Corruption: block "
-                                       rf"checksum mismatch.*; {hi - lo} items stored there are quarantined") as e:
+    with pytest.raises(DataLoss, match=r"table 'a': SSD tier, table id 1, chunk 0, block 2: Corruption: Blob CRC "
+                                       rf"mismatch.*; {hi - lo} items stored there are quarantined") as e:
         a.sample(40)  # fifo: every item, the damaged block's among them
     assert e.value.damage == {0: [(lo, hi)]}
     s = a.stats()
@@ -81,32 +84,58 @@ def test_a_flipped_sst_block_is_data_loss_naming_table_chunk_block_then_quaranti
     store.close()
 
 
+def test_a_flipped_sst_block_holding_a_small_chunk_is_data_loss_naming_it_then_quarantined(tmp_path):
+    """Blocks under MIN_BLOB_BYTES stay in SST files, checked by RocksDB's block checksums."""
+    store = Store(tmp_path / "d")
+    a = store.create_table(TableSpec("a", memory_bytes=1))
+    small = a.insert(trajectories(3, tokens=16, id_prefix="s")).item_ids  # chunk 0: one block of ~2 KiB
+    large = a.insert(trajectories(10, tokens=1024, id_prefix="l")).item_ids  # chunk 1: in a blob file
+    expected = rows(a.get(large).data)
+    key, value = stored(store, "a", 0, 0)
+    assert len(value) < MIN_BLOB_BYTES <= len(stored(store, "a", 1, 0)[1])
+    flush(store.db)
+    store.close()
+    flip_in_sst(tmp_path / "d", value)
+
+    store = Store(tmp_path / "d")
+    a = store.table("a")
+    # (the RocksDB block may hold chunk 0's metadata too: then it is found damaged at start)
+    with pytest.raises(DataLoss, match=r"table 'a': .*chunk 0.*Corruption: block checksum mismatch"):
+        a.get(small)
+    s = a.stats()
+    assert (s["quarantined_items"], s["items"]) == (3, 10)
+    with pytest.raises(DataLoss, match="is quarantined: its chunk 0 on the ssd tier"):
+        a.get(small[:1])
+    assert rows(a.get(large).data) == expected
+    store.close()
+
+
 def test_a_damaged_chunk_metadata_block_quarantines_its_items_at_start(tmp_path):
     store = Store(tmp_path / "d")
     a = store.create_table(TableSpec("a", memory_bytes=1))
     b = store.create_table(TableSpec("b", memory_bytes=1))
     a_ids = a.insert(trajectories(10, tokens=256, id_prefix="a")).item_ids
-    first = b.insert(trajectories(10, tokens=256, id_prefix="x")).item_ids
+    first = b.insert(trajectories(6, tokens=8, id_prefix="x")).item_ids  # one block under MIN_BLOB_BYTES: in the SST
     second = b.insert(trajectories(11, tokens=256, id_prefix="y")).item_ids  # chunk 1: the last key
     a_rows, first_rows = rows(a.get(a_ids).data), rows(b.get(first).data)
     value = stored(store, "b", 1, META)
     flush(store.db)
     store.close()
-    flip_in_sst(tmp_path / "d", value)
+    flip_stored(tmp_path / "d", *value)
 
     store = Store(tmp_path / "d")  # starts: the damage is one chunk's, not the server's
     a, b = store.table("a"), store.table("b")
     s = b.stats()
-    assert (s["quarantined_items"], s["quarantined_chunks"], s["items"]) == (11, 1, 10)
+    assert (s["quarantined_items"], s["quarantined_chunks"], s["items"]) == (11, 1, 6)
     assert rows(b.get(first).data) == first_rows
-    with pytest.raises(DataLoss, match=r"table 'b': item 11 is quarantined: its chunk 1 on the ssd tier is "
+    with pytest.raises(DataLoss, match=r"table 'b': item 7 is quarantined: its chunk 1 on the ssd tier is "
                                        r"damaged \(SSD tier, table id 2, chunk 1, metadata: Corruption"):
         b.get(second[:1])
     assert rows(a.get(a_ids).data) == a_rows
     store.close()
 
     store = Store(tmp_path / "d")
-    assert store.table("b").stats()["quarantined_items"] == 11 and len(store.table("b")) == 10
+    assert store.table("b").stats()["quarantined_items"] == 11 and len(store.table("b")) == 6
     assert not store.unopened
     store.close()
 
@@ -249,7 +278,7 @@ def test_queries_fail_with_data_loss_then_list_the_quarantined_items(tmp_path):
     lo, hi = t._chunks.placement.ssd._offsets[0][1:3].tolist()
     flush(store.db)
     store.close()
-    flip_in_sst(tmp_path / "d", value)
+    flip_stored(tmp_path / "d", *value)
     store = Store(tmp_path / "d")
 
     def run(sql):
@@ -274,7 +303,7 @@ def test_a_damaged_ssd_block_stays_behind_while_the_mover_demotes_the_rest(tmp_p
     expected = rows(t.get(chunks[1]).data)
     flush(store.db)
     store.close()
-    flip_in_sst(tmp_path / "d", value)
+    flip_stored(tmp_path / "d", *value)
 
     uri, store = remote_store(tmp_path)
     t = store.table("t")
@@ -299,7 +328,7 @@ def test_archive_fragments_and_chunks_waiting_for_the_archive_are_verified(tmp_p
     t.insert(trajectories(20, tokens=1024, id_prefix="new"))  # evicts chunk 0's items: it waits for the archive
     flush(store.db)
     store.close()
-    flip_in_sst(tmp_path / "d", waiting)
+    flip_stored(tmp_path / "d", *waiting)
 
     uri, store = remote_store(tmp_path)
     t = store.table("t")

@@ -7,10 +7,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
+import time
+import zlib
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import zstandard
 from rocksdict import WriteBatch
 
 from expstore import codec
@@ -20,7 +24,7 @@ from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.store import Store
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
-from expstore.tiers.rocks import Database, RocksTier, table_prefix
+from expstore.tiers.rocks import Database, Layout, RocksTier, table_prefix
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,9 +174,10 @@ def remove_chunk(data_dir, table_id: int, chunk: int) -> list[tuple[bytes, bytes
     tier would); returns them, to put back."""
     db = Database(data_dir)
     prefix = table_prefix(table_id) + chunk.to_bytes(8, "big")
-    saved = list(db.items("chunks", prefix))
+    tier = RocksTier(db, table_id)
+    saved = list(db.items(tier.family, prefix))
     assert saved
-    RocksTier(db, table_id).delete([chunk])
+    tier.delete([chunk])
     db.close()
     return saved
 
@@ -181,7 +186,7 @@ def put_back(data_dir, saved: list[tuple[bytes, bytes]]) -> None:
     db = Database(data_dir)
     wb = WriteBatch(raw_mode=True)
     for key, value in saved:
-        wb.put(key, value, db.handle["chunks"])
+        wb.put(key, value, db.handle[RocksTier(db, int.from_bytes(key[:4], "big")).family])
     db.write(wb)
     db.close()
 
@@ -221,7 +226,7 @@ def test_a_corrupt_block_is_data_loss_naming_the_chunk_never_rows(tmp_path):
     t = store.create_table(TableSpec("t", memory_bytes=1))  # nothing stays cached in memory
     ids = t.insert(trajectories(20, tokens=64, id_prefix="c")).item_ids
     assert t.stats()["items_ssd"] == 20
-    cf = store.db.cf["chunks"]
+    cf = store.db.cf[t._chunks.placement.ssd.family]
     key = next(k for k in cf.keys() if not k.endswith(b"\xff\xff\xff\xff"))
     value = bytearray(cf[key])
     value[len(value) // 2] ^= 0xFF
@@ -265,7 +270,9 @@ def test_durable_tiers_need_a_data_dir():
 def test_drop_table_deletes_its_data_and_a_new_table_of_that_name_starts_empty(tmp_path):
     store = Store(tmp_path / "d")
     store.create_table(TableSpec("t")).insert(trajectories(10, id_prefix="x"))
+    family = store.table("t")._chunks.placement.ssd.family
     store.drop_table("t")
+    assert family not in store.db.cf  # its chunks' column family is gone, files and all
     assert list(store.db.cf["chunks"].keys()) == [] and list(store.db.cf["journal"].keys()) == []
     t = store.create_table(TableSpec("t"))
     assert t.insert(trajectories(10, id_prefix="x")).num_inserted == 10
@@ -295,7 +302,7 @@ def test_archive_moves_items_that_leave_the_window_to_the_remote_tier(tmp_path):
     assert t.archive_pending() == 1
     archived = RemoteTier(uri, "t.archive").scan(columns=["traj_id"]).read_all().column("traj_id").to_pylist()
     assert sorted(archived) == sorted([f"a0-{i}" for i in range(10)] + [f"a1-{i}" for i in range(10)])
-    assert list(store.db.cf["chunks"].keys()) and t.stats()["items"] == 30
+    assert list(store.db.cf[t._chunks.placement.ssd.family].keys()) and t.stats()["items"] == 30
     store.close()
 
 
@@ -339,13 +346,116 @@ def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
     store.close()
 
 
+def legacy_block(batch: pa.RecordBatch) -> bytes:
+    """A block as the SSD tier wrote them before blob files: EXK1 | crc32 | zstd(IPC message)."""
+    body = zstandard.ZstdCompressor(level=1).compress(batch.serialize())
+    return b"EXK1" + zlib.crc32(body).to_bytes(4, "little") + body
+
+
+def legacy_encode(tier: RocksTier, chunk_id: int, batch: pa.RecordBatch):
+    """RocksTier.encode as it was before blob files: legacy blocks, and a meta value of
+    count | row offsets | stored bytes | Arrow bytes | schema (no checksums)."""
+    n = batch.num_rows
+    step = max(1, (64 << 10) // max(1, batch.get_total_buffer_size() // n))
+    offsets = np.append(np.arange(0, n, step), n).astype(np.int64)
+    wb, size, h = WriteBatch(raw_mode=True), 0, tier.db.handle["chunks"]
+    for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        value = legacy_block(batch.slice(lo, hi - lo))
+        wb.put(tier._key(chunk_id, b), value, h)
+        size += len(value)
+    arrow = batch.get_total_buffer_size()
+    meta = len(offsets).to_bytes(4, "little") + offsets.tobytes() + size.to_bytes(8, "little") + \
+        arrow.to_bytes(8, "little") + batch.schema.serialize().to_pybytes()
+    wb.put(tier._key(chunk_id, 0xFFFFFFFF), meta, h)
+    return wb, Layout(offsets, None, size, arrow, batch.schema)
+
+
+def test_a_data_dir_written_in_the_legacy_block_format_reads_back_exactly(tmp_path, monkeypatch):
+    """Chunks as the SSD tier wrote them before blob files and per-table column families
+    (zstd + CRC blocks in the shared ``chunks`` family) are read back, and deleted."""
+    data = [trajectories(20, tokens=n, id_prefix=f"o{n}-") for n in (16, 2048)]
+    with monkeypatch.context() as m:
+        m.setattr(RocksTier, "encode", legacy_encode)
+        store = Store(tmp_path / "d")
+        t = store.create_table(TableSpec("t"))
+        old = [t.insert(d).item_ids for d in data]
+        expected = rows_of(t, np.concatenate(old))  # from the memory cache
+        store.close()
+    raw = Database(tmp_path / "d")
+    assert raw.get("chunks", [RocksTier(raw, 1)._key(0, 0)])[0][:4] == b"EXK1"  # written the old way
+    raw.close()
+
+    store = Store(tmp_path / "d")
+    t = store.table("t")
+    assert rows_of(t, np.concatenate(old)) == expected  # from the SSD tier: the cache holds nothing
+    new = t.insert(trajectories(20, tokens=2048, id_prefix="n")).item_ids  # new blocks beside the old
+    assert t.sample(60).data.num_rows == 60
+    store.close()
+    store = Store(tmp_path / "d")
+    t = store.table("t")
+    assert rows_of(t, np.concatenate(old)) == expected and t.get(new).data.num_rows == 20
+    store.drop_table("t")
+    assert list(store.db.cf["chunks"].keys()) == []
+    store.close()
+
+
+def rows_of(table, ids) -> list[dict]:
+    return table.get(ids).data.to_pylist()
+
+
 def test_blocks_reject_damage():
     batch = trajectories(2, tokens=16).to_batches()[0]
     data = codec.encode_block(batch)
-    assert codec.decode_block(data, batch.schema, "x").equals(batch)
-    for bad in (data[:-3], data[:5], b"nonsense", data[:8] + b"\x00" * (len(data) - 8)):
+    crc = zlib.crc32(data)
+    assert codec.decode_block(data, batch.schema, "x", crc).equals(batch)
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 1
+    for bad in (data[:-3], data[:5], b"nonsense", bytes(flipped)):
+        with pytest.raises(DataLoss):
+            codec.decode_block(bad, batch.schema, "x", crc)
+    for bad in (data[:-3], data[:5], b"nonsense"):  # the IPC framing, even without a checksum
         with pytest.raises(DataLoss):
             codec.decode_block(bad, batch.schema, "x")
+    old = legacy_block(batch)
+    assert codec.decode_block(old, batch.schema, "x").equals(batch)
+    for bad in (old[:-3], old[:5], old[:8] + b"\x00" * (len(old) - 8)):
+        with pytest.raises(DataLoss):
+            codec.decode_block(bad, batch.schema, "x")
+
+
+def test_concurrent_fsync_callers_share_one_fsync(tmp_path):
+    """Group commit: callers arriving while an fsync runs wait for the next one, which
+    covers them all, instead of each running its own."""
+    db = Database(tmp_path / "d")
+    rdict, started, release, calls = db._db, threading.Event(), threading.Event(), []
+
+    class SlowLog:  # the first fsync takes until ``release``: the others queue meanwhile
+        def flush_wal(self, sync):
+            calls.append(sync)
+            if len(calls) == 1:
+                started.set()
+                release.wait(10)
+            rdict.flush_wal(sync)
+
+        def __getattr__(self, name):
+            return getattr(rdict, name)
+
+    db._db = SlowLog()
+    threads = [threading.Thread(target=db.sync) for _ in range(8)]
+    threads[0].start()
+    assert started.wait(10)
+    for th in threads[1:]:
+        th.start()
+    deadline = time.monotonic() + 10
+    while db._sync_tickets < 8 and time.monotonic() < deadline:  # all seven are waiting
+        time.sleep(0.01)
+    release.set()
+    for th in threads:
+        th.join(10)
+    assert not any(th.is_alive() for th in threads)
+    assert calls == [True, True]  # the first caller's, then one for the seven that waited
+    db._db = rdict
+    db.close()
 
 
 def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path):

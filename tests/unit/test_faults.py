@@ -206,6 +206,7 @@ def test_dropping_a_table_while_s3_is_down_fails_whole_and_a_retry_finishes_it(t
         store.drop_table("t")
         assert "t" not in store and listed(s3, bucket) == []
         assert list(store.db.cf["chunks"].keys()) == [] and list(store.db.cf["journal"].keys()) == []
+        assert not [cf for cf in store.db.cf if cf.startswith("chunks.")]  # the table's family is gone
     finally:
         store.close()
         s3.stop()
