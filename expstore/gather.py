@@ -22,21 +22,27 @@ TAKE_FROM_ROWS = 16          # ... when a segment has this many (a take costs ~1
 def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.ndarray,
               schema: pa.Schema) -> pa.RecordBatch:
     """Rows ``rows[i]`` of chunk ``chunks[i]``, in the given order, as one record batch."""
-    if len(chunks) == 0:
+    n = len(chunks)
+    if n == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)
+    # Boundaries, computed once for the whole selection: segments (a new chunk) and runs
+    # (a new chunk, or a row that does not follow the previous one).
+    new_chunk = np.empty(n, dtype=bool)
+    new_chunk[0] = True
+    np.not_equal(chunks[1:], chunks[:-1], out=new_chunk[1:])
+    new_run = new_chunk.copy()
+    new_run[1:] |= rows[1:] != rows[:-1] + 1
+    segments = np.flatnonzero(new_chunk).tolist() + [n]
+    run_starts = np.flatnonzero(new_run)
+    run_bounds = np.append(run_starts, n).tolist()
+    first_run = np.searchsorted(run_starts, segments[:-1]).tolist() + [len(run_starts)]
     parts = []
-    for start, end in _runs(np.r_[False, chunks[1:] == chunks[:-1]]):
-        batch, r = batches[int(chunks[start])], rows[start:end]
-        consecutive = np.r_[False, r[1:] == r[:-1] + 1]
-        if end - start >= TAKE_FROM_ROWS and not consecutive[1:].all() and \
+    for k, (start, end) in enumerate(zip(segments[:-1], segments[1:])):
+        batch = batches[int(chunks[start])]
+        r0, r1 = first_run[k], first_run[k + 1]  # the segment's runs
+        if end - start >= TAKE_FROM_ROWS and r1 - r0 > 1 and \
                 batch.get_total_buffer_size() < TAKE_BELOW_ROW_BYTES * batch.num_rows:
-            parts.append(batch.take(pa.array(r)))
+            parts.append(batch.take(pa.array(rows[start:end])))
         else:
-            parts.extend(batch.slice(int(r[s]), e - s) for s, e in _runs(consecutive))
+            parts.extend(batch.slice(int(rows[a]), b - a) for a, b in zip(run_bounds[r0:r1], run_bounds[r0 + 1:r1 + 1]))
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-
-
-def _runs(continues: np.ndarray):
-    """(start, end) of each run; a run starts wherever ``continues`` is False."""
-    starts = np.flatnonzero(~continues)
-    return zip(starts.tolist(), np.append(starts[1:], len(continues)).tolist())
