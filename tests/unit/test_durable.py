@@ -326,6 +326,22 @@ def test_scan_yields_live_items_with_server_columns_pruned_by_the_index(tmp_path
     store.close()
 
 
+def test_a_stream_reads_ahead_only_what_the_cache_can_hold(tmp_path):
+    """Chunks read ahead into a cache too small for them would be evicted before the
+    stream reads them, and read again: a cache under twice their size gets none."""
+    store = Store(tmp_path / "d")
+    t = store.create_table(TableSpec("t", sampler=SamplerSpec("fifo"), memory_bytes=100_000))  # chunks: ~77 KB
+    for i in range(4):
+        t.insert(trajectories(16, tokens=512, id_prefix=f"c{i}"))
+    store.close()
+    store = Store(tmp_path / "d")
+    t = store.table("t")
+    ids = [int(i) for _ in range(4) for i in t.stream("g", 16).item_ids]
+    t._prefetcher().submit(lambda: None).result()
+    assert ids == list(range(1, 65)) and t.stats()["prefetched"] == 0
+    store.close()
+
+
 def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
     store = Store(tmp_path / "d")
     t = store.create_table(TableSpec("t", sampler=SamplerSpec("fifo"), memory_bytes=600_000))
