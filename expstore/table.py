@@ -561,7 +561,8 @@ class Table:
             np.add.at(self._index["times_sampled"], slots, 1)  # slots repeat for i.i.d. samplers
             done = slots[self._index["times_sampled"][slots] >= self.spec.max_times_sampled] \
                 if capped else slots[:0]
-            self._sampler.remove(done)
+            if len(done):
+                self._sampler.remove(done)
         if self.spec.sampler.type in _UNORDERED:
             order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
             slots, probabilities, weights = slots[order], probabilities[order], weights[order]

@@ -72,9 +72,9 @@ class SumTree:
         """Set leaves ``slots`` to ``values`` (finite, >= 0; the last wins for a repeated
         slot) and recompute their ancestors from their children. O(k log C)."""
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
-        values = np.broadcast_to(np.asarray(values, dtype=np.float64), slots.shape)
         if len(slots) == 0:
             return
+        values = np.broadcast_to(np.asarray(values, dtype=np.float64), slots.shape)
         assert slots.min() >= 0 and np.all(np.isfinite(values)) and values.min() >= 0, \
             "sum tree leaves must be finite and >= 0 at slots >= 0"
         top = int(slots.max())
