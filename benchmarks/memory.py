@@ -1,12 +1,15 @@
-"""Server memory per stored byte.
+"""Server memory per stored byte, per table kind.
 
-A fresh expstore server (in this process's environment, so ``run`` can compare glibc
-malloc settings) gets one trajectory table (uniform sampler, max_size and memory budget
-far above the load). Its idle RSS (VmRSS from /proc, after CreateTable) is the baseline.
-Then one sync Client inserts batches of 256 x ~36 KiB rows (fresh traj_ids each) until
-``target`` payload bytes are in; after a 1 s pause RSS is read again. Reported: the
-payload as the client's Arrow ``nbytes`` and as the server's ``memory_bytes`` stat, the
-RSS growth over the baseline (and peak VmHWM), and growth / payload.
+For each kind (a memory table, ``tiers = "memory"``; the DEFAULT durable table, ``tiers =
+"ssd"``), a fresh expstore server (in this process's environment, so ``run`` can compare
+glibc malloc settings) gets one trajectory table (uniform sampler, max_size and memory
+budget far above the load). Its idle RSS (VmRSS from /proc, after CreateTable) is the
+baseline. Then one sync Client inserts batches of 256 x ~36 KiB rows (fresh traj_ids
+each) until ``target`` payload bytes are in; after a 1 s pause RSS is read again.
+Reported: the payload as the client's Arrow ``nbytes`` and as the server's
+``memory_bytes`` stat, the RSS growth over the baseline (and peak VmHWM), and growth /
+payload. A durable table holds its rows in its memory cache too, and RocksDB adds its
+memtables and block cache (``ROCKSDB_BYTES``: their budget, docs/config.md).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 import time
 
 from expstore.synthetic import trajectories
+from expstore.tiers.rocks import CACHE_BYTES, MEMTABLE_BYTES
 from expstore_client import Client
 
 from . import server
@@ -30,11 +34,19 @@ def _status(pid: int, key: str) -> int:
     raise RuntimeError(f"no {key} for pid {pid}")
 
 
+KINDS = {"memory table": "memory", "durable table (ssd, default)": "ssd"}
+ROCKSDB_BYTES = MEMTABLE_BYTES + CACHE_BYTES
+
+
 def run(quick: bool) -> dict:
+    return {"kinds": {kind: measure(quick, tiers) for kind, tiers in KINDS.items()}, "rocksdb_bytes": ROCKSDB_BYTES}
+
+
+def measure(quick: bool, tiers: str) -> dict:
     target = 300e6 if quick else 2e9
     data = trajectories(BATCH, tokens=4096)
     with server.start_expstore() as srv, Client(srv.address) as client:
-        client.create_table("mem", sampler="uniform", max_size=10_000_000, memory_bytes=64 << 30)
+        client.create_table("mem", sampler="uniform", max_size=10_000_000, memory_bytes=64 << 30, tiers=tiers)
         time.sleep(0.5)
         baseline = srv.rss_bytes()
         arrow_bytes, batches, t0 = 0, 0, time.perf_counter()

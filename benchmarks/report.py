@@ -114,19 +114,28 @@ def engine_section(engine: dict, checks: list) -> str:
 
 def memory_section(memory: dict[str, dict], checks: list) -> str:
     rows = []
-    for env, m in memory.items():
-        ratio = m["growth_per_arrow_byte"]
-        ok = ratio <= TARGETS["rss_ratio"]
-        checks.append((f"server RSS growth <= 1.1x payload [{env}]", ok, f"{ratio:.2f}x"))
-        mb = 1e6
-        rows.append([env, f"{m['items']:,}", _f(m["arrow_nbytes"] / mb), _f(m["memory_bytes_stat"] / mb),
-                     _f(m["rss_idle"] / mb), _f(m["rss_after"] / mb), _f(m["rss_peak"] / mb),
-                     _f(m["rss_growth"] / mb), _f((m["rss_growth"] - m["arrow_nbytes"]) / mb), f"{ratio:.2f}x", f"{m['growth_per_stat_byte']:.2f}x",
-                     f"<=1.1x {_mark(ok)}"])
+    mb = 1e6
+    for env, runs in memory.items():
+        for kind, m in (runs.get("kinds") or {"memory table": runs}).items():
+            ratio = m["growth_per_arrow_byte"]
+            if kind == "memory table":
+                ok = ratio <= TARGETS["rss_ratio"]
+                target = f"<=1.1x {_mark(ok)}"
+                checks.append((f"server RSS growth <= 1.1x payload, memory table [{env}]", ok, f"{ratio:.2f}x"))
+            else:  # bounded by its cache (here: above the payload) as a memory table, and RocksDB's budget
+                bound = TARGETS["rss_ratio"] * m["arrow_nbytes"] + runs["rocksdb_bytes"]
+                ok = m["rss_growth"] <= bound
+                target = f"<=1.1x + RocksDB {runs['rocksdb_bytes'] / mb:.0f} MB {_mark(ok)}"
+                checks.append((f"server RSS growth <= 1.1x payload + RocksDB budget, durable table [{env}]", ok,
+                               f"{m['rss_growth'] / mb:.0f} MB of {bound / mb:.0f} MB"))
+            rows.append([env, kind, f"{m['items']:,}", _f(m["arrow_nbytes"] / mb), _f(m["memory_bytes_stat"] / mb),
+                         _f(m["rss_idle"] / mb), _f(m["rss_after"] / mb), _f(m["rss_peak"] / mb),
+                         _f(m["rss_growth"] / mb), _f((m["rss_growth"] - m["arrow_nbytes"]) / mb), f"{ratio:.2f}x",
+                         f"{m['growth_per_stat_byte']:.2f}x", target])
     return "\n".join([
         "5. Server memory after inserting ~36 KiB items (MB = 1e6 bytes; growth = RSS after - idle RSS; overhead = growth - Arrow)",
-        _table(["env", "items", "Arrow MB", "stat memory_bytes MB", "idle RSS", "RSS after", "peak RSS",
-                "growth", "overhead", "growth/Arrow", "growth/stat", "target"], rows)])
+        _table(["env", "table kind", "items", "Arrow MB", "stat memory_bytes MB", "idle RSS", "RSS after", "peak RSS",
+                "growth", "overhead", "growth/Arrow", "growth/stat", "target"], rows, align_left=2)])
 
 
 def concurrency_section(c: dict, checks: list) -> str:

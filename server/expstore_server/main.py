@@ -124,6 +124,7 @@ def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = No
     options = lance_storage_options(**fs_args) if uri.startswith(("s3://", "s3a://")) else None
     store = Store(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
                   min_free_bytes=cfg.min_free_disk_bytes, remote_uri=uri.rstrip("/"),
+                  memtable_bytes=cfg.rocksdb_memtable_bytes, cache_bytes=cfg.rocksdb_cache_bytes,
                   remote_in_data_dir=uri == config_mod.RemoteConfig().resolved_uri(cfg.data_dir),
                   remote_restored=bool(restore_checkpoint))  # the restore copied the datasets there
     for spec in cfg.tables:  # restored on a restart: the same config is no error
