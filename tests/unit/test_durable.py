@@ -520,3 +520,13 @@ def test_the_data_dir_records_its_remote_tier_and_refuses_another_while_tables_u
     store.drop_table("t")
     store.close()
     open_store(tmp_path / "b", elsewhere).close()  # no table keeps chunks there any more
+
+
+def test_rocksdb_memtables_stay_within_their_budget(tmp_path):
+    store = Store(tmp_path / "d", memtable_bytes=16 << 20, cache_bytes=1 << 20)
+    t = store.create_table(TableSpec("t", memory_bytes=1))
+    for i in range(12):  # ~29 MB of rows: flushed to files on the way
+        t.insert(trajectories(64, tokens=4096, id_prefix=f"m{i}"))
+    assert store.db.unflushed_bytes() <= 16 << 20
+    assert t.get(np.arange(1, 12 * 64 + 1, dtype=np.uint64)).data.num_rows == 12 * 64
+    store.close()
