@@ -3,12 +3,17 @@
 Concurrency model: one ``threading.Condition`` per table guards all of its state. Every
 public method takes it for a short, non-blocking critical section of numpy work; payload
 rows are gathered from the (immutable) chunk batches *after* releasing it, and validation
-of inserted data happens *before* taking it. Blocking calls wait on the condition with a
-deadline (the table owns waiting; the rate limiter is arithmetic), and blocked inserts
+of inserted data happens *before* taking it. Calls that may wait are attempts that never
+block (``try_insert``, ``try_sample``, ``try_stream``: done, or a ``Wait``) repeated under a
+waiter of the caller's kind (admission.py): the table's Condition for threads
+(``insert``, ``sample``, ``stream`` with a timeout), ``subscribe`` notifications for the
+asyncio server. The table owns admission; the rate limiter is arithmetic. Blocked inserts
 and samples are admitted first come, first served, each kind in its own line
-(``turns.py``, as Reverb does). Callers that cannot block a thread (the asyncio server)
-call with ``timeout=0`` and wait for ``subscribe`` notifications instead, keeping one
-``Table.turn`` across their attempts; a ``DeadlineExceeded`` then means "would block".
+(``turns.py``, as Reverb does).
+
+A held-back insert has already written its chunks to the SSD tier (``prepare_insert``,
+before the first attempt); only its journal record waits for admission. See
+docs/semantics.md ("Rate limiter") for why, and what a timeout or a crash leaves.
 
 Bounds: ``max_size`` bounds items (the remover makes room). A volatile (memory-only)
 table's memory budget bounds bytes: an insert that cannot fit is refused whole with
@@ -61,13 +66,13 @@ from .streams import ConsumerGroup
 from .tiers.checksums import ARCHIVE, RemoteChecksums
 from .tiers.memory import MemoryTier
 from .tiers.rocks import Database, RocksTier
+from .admission import Admission, Wait
 from .turns import Line, Turn
 
 log = logging.getLogger("expstore.table")
 
 DEFAULT_VISIBILITY_TIMEOUT = 60.0
 MANIFESTS_IN_MEMORY = 10_000  # steps a volatile table remembers
-HOLD_S = 1.0  # the longest an engine thread waits for an earlier call of its connection
 # Samplers whose selections are i.i.d.: their rows may be returned in storage order.
 _UNORDERED = ("uniform", "prioritized")
 # Upper bounds (policy versions behind the table's) of the staleness counts in stats.
@@ -155,6 +160,7 @@ class Table:
         self._rng = np.random.default_rng(seed)
         self._cond = threading.Condition()
         self._listeners: list[Callable[[], None]] = []
+        self._epoch = 0  # changes so far: a waiter that saw an older count does not wait
         self._closed = False
 
         self._index = ItemIndex()
@@ -326,36 +332,39 @@ class Table:
             self.abandon_insert(prep)
             raise
 
-    def commit_insert(self, prep: PreparedInsert, timeout: float | None = None,
-                      turn: Turn | None = None) -> InsertResult:
-        """Store prepared rows. Blocked inserts are admitted first come, first served
-        (``turns.py``); a caller that retries with ``timeout=0`` (the server) passes the
-        same ``turn`` (``Table.turn("insert")``) to every attempt and leaves it when the
-        call ends. On DeadlineExceeded the insert may be retried; after any other error
-        nothing was applied and the caller abandons it."""
-        deadline = self._deadline(timeout)
-        with self._turn(turn, "insert") as turn, self._cond:
+    def commit_insert(self, prep: PreparedInsert, timeout: float | None = None) -> InsertResult:
+        """Store prepared rows, waiting (this thread) up to ``timeout`` for admission;
+        blocked inserts are admitted first come, first served (``turns.py``). After an
+        error nothing was applied and the caller abandons the insert."""
+        with Admission(self, "insert", timeout, self.turn("insert"), self._clock) as adm:
+            while isinstance(outcome := self.try_insert(prep, adm.turn), Wait):
+                self.wait_for_change(outcome.epoch, adm.limit(outcome))
+        return outcome
+
+    def try_insert(self, prep: PreparedInsert, turn: Turn) -> InsertResult | Wait:
+        """One attempt to store prepared rows (admission.py): the result, or a ``Wait``
+        while the rate limiter or earlier inserts in line hold it back. ``turn``
+        (``Table.turn("insert")``) is the call's place in line, the same for all its
+        attempts. Rows that are all duplicates complete the call without waiting."""
+        with self._cond:
             line = self._lines["insert"]
-            while True:
-                if self._held(line, turn, deadline):
-                    continue  # it waited: everything is checked again
-                self._check_open()
-                self._tick()
-                ids, new = self._dedup(prep.keys, prep.num_rows)
-                n_new = int(new.sum())
-                if n_new == 0:
-                    self.counters["duplicates"] += prep.num_rows
-                    self._chunks.placement.delete([s.chunk_id for s in prep.staged])
-                    prep.staged.clear()
-                    return InsertResult(ids, 0, prep.num_rows, 0)
-                self._limiter.check_insert_batch(n_new)
-                if not line.first(turn):
-                    why = f"{line.ahead_of(turn)} earlier inserts are waiting (first come, first served)"
-                elif self._limiter.can_insert(n_new):
-                    break
-                else:
-                    why = f"rate limiter: {n_new} inserts must wait for samples"
-                self._wait(deadline, "insert", why)
+            if (held := self._held(line, turn)) is not None:
+                return held
+            self._check_open()
+            self._tick()
+            ids, new = self._dedup(prep.keys, prep.num_rows)
+            n_new = int(new.sum())
+            if n_new == 0:
+                self.counters["duplicates"] += prep.num_rows
+                self._chunks.placement.delete([s.chunk_id for s in prep.staged])
+                prep.staged.clear()
+                return InsertResult(ids, 0, prep.num_rows, 0)
+            self._limiter.check_insert_batch(n_new)
+            if not line.first(turn):
+                return Wait(f"{line.ahead_of(turn)} earlier inserts are waiting (first come, first served)",
+                            self._epoch)
+            if not self._limiter.can_insert(n_new):
+                return Wait(f"rate limiter: {n_new} inserts must wait for samples", self._epoch)
             with self._admitted(line, turn):
                 result = self._apply_insert(prep, prep.staged, ids, new, prep.durability)
             prep.staged.clear()
@@ -488,44 +497,50 @@ class Table:
     # -- sampling ---------------------------------------------------------------------
 
     def sample(self, n: int, timeout: float | None = None, step: int | None = None,
-               turn: Turn | None = None, data_versions: dict | None = None) -> Rows:
-        """Sample n items with the table's sampler. Blocks (up to ``timeout``) until the
-        rate limiter and the sampler can serve n; blocked samples are served first come,
-        first served (``turn`` as in ``commit_insert``). With ``step``, the batch's
-        manifest (item ids, policy versions) is recorded under that training step.
-        ``data_versions`` (``{task: (lo, hi)}``, ``"*"`` for the others; task mixing
-        only) samples only rows whose data_version is in range (samplers/mixture.py).
-        A group sampler's batch holds ``n / group_size`` groups: fewer rows than n when
-        some were released partial (group timeouts)."""
+               data_versions: dict | None = None) -> Rows:
+        """Sample n items with the table's sampler. Blocks (up to ``timeout``; None:
+        forever) until the rate limiter and the sampler can serve n; blocked samples are
+        served first come, first served. With ``step``, the batch's manifest (item ids,
+        policy versions) is recorded under that training step. ``data_versions``
+        (``{task: (lo, hi)}``, ``"*"`` for the others; task mixing only) samples only rows
+        whose data_version is in range (samplers/mixture.py). A group sampler's batch holds
+        ``n / group_size`` groups: fewer rows than n when some were released partial
+        (group timeouts)."""
+        with Admission(self, "sample", timeout, self.turn("sample"), self._clock) as adm:
+            while isinstance(outcome := self.try_sample(n, adm.turn, step, data_versions), Wait):
+                self.wait_for_change(outcome.epoch, adm.limit(outcome))
+        return outcome
+
+    def try_sample(self, n: int, turn: Turn, step: int | None = None,
+                   data_versions: dict | None = None) -> Rows | Wait:
+        """One attempt to sample n items (admission.py): the rows (gathered after the
+        lock is released), or a ``Wait`` while the rate limiter, the sampler or earlier
+        samples in line hold it back (``retry_after``: when the next forming group times
+        out). ``turn`` and ``data_versions`` as in ``try_insert`` and ``sample``."""
         if step is not None and step < 0:
             raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
         if n < 1:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
         self._check_sample_size(n)
         kw = self._version_ranges(data_versions)
-        deadline = self._deadline(timeout)
-        with self._turn(turn, "sample") as turn, self._cond:
+        with self._cond:
             line = self._lines["sample"]
-            while True:
-                if self._held(line, turn, deadline):
-                    continue
-                self._check_open()
-                self._tick()
-                self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
-                retry_after = None
-                if not line.first(turn):
-                    why = f"{line.ahead_of(turn)} earlier samples are waiting (first come, first served)"
-                elif self._limiter.can_sample(n):
-                    if self._sampler.can_sample(n, **kw) and (not self.spec.max_times_sampled or self._allowance >= n):
-                        break
-                    why = f"the {self.spec.sampler.type} sampler cannot serve {n} items yet " \
-                          f"({len(self._sampler)} eligible)"
-                    detail = self._sampler.explain(n, **kw)
-                    why += f": {detail}" if detail else ""
-                    retry_after = self._next_group_timeout()
-                else:
-                    why = f"rate limiter: {n} samples must wait for inserts ({len(self._index)} items)"
-                self._wait(deadline, "sample", why, retry_after=retry_after)
+            if (held := self._held(line, turn)) is not None:
+                return held
+            self._check_open()
+            self._tick()
+            self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
+            if not line.first(turn):
+                return Wait(f"{line.ahead_of(turn)} earlier samples are waiting (first come, first served)",
+                            self._epoch)
+            if not self._limiter.can_sample(n):
+                return Wait(f"rate limiter: {n} samples must wait for inserts ({len(self._index)} items)",
+                            self._epoch)
+            if not (self._sampler.can_sample(n, **kw) and (not self.spec.max_times_sampled or self._allowance >= n)):
+                why = f"the {self.spec.sampler.type} sampler cannot serve {n} items yet ({len(self._sampler)} eligible)"
+                detail = self._sampler.explain(n, **kw)
+                return Wait(why + (f": {detail}" if detail else ""), self._epoch,
+                            retry_after=self._next_group_timeout())
             with self._admitted(line, turn):
                 rows = self._sample_now(n, step, kw)
         return self._gather(rows)
@@ -710,7 +725,18 @@ class Table:
     def stream(self, group: str, n: int, timeout: float | None = None,
                visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT, start: str = "earliest") -> Rows:
         """Deliver up to n items to a consumer group, in insertion order: first redeliveries
-        of expired unacked items, then unread ones. Blocks until at least one is available."""
+        of expired unacked items, then unread ones. Blocks (up to ``timeout``) until at
+        least one is available."""
+        with Admission(self, "stream", timeout, clock=self._clock) as adm:
+            while isinstance(outcome := self.try_stream(group, n, visibility_timeout, start), Wait):
+                self.wait_for_change(outcome.epoch, adm.limit(outcome))
+        return outcome
+
+    def try_stream(self, group: str, n: int, visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
+                   start: str = "earliest") -> Rows | Wait:
+        """One attempt to deliver to a consumer group (admission.py): the rows, or a
+        ``Wait`` while the group is caught up (``retry_after``: when its next unacked
+        item falls due for redelivery)."""
         if n < 1:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
         self._check_group_name(group)
@@ -718,24 +744,21 @@ class Table:
             raise InvalidArgument(f"table {self.name!r}: visibility_timeout must be > 0")
         if start not in ("earliest", "latest"):
             raise InvalidArgument(f"table {self.name!r}: start must be 'earliest' or 'latest', got {start!r}")
-        deadline = self._deadline(timeout)
         with self._cond:
             g = self._consumers.get(group) or self._new_group(group, start)
-            while True:
-                self._check_open()
-                now = self._clock()
-                again = g.expired(now, n)
-                again_slots = self._index.lookup(again)
-                if (again_slots < 0).any():
-                    self._log("forget", group=group, ids=again[again_slots < 0])
-                    g.forget(again[again_slots < 0])
-                again, again_slots = again[again_slots >= 0], again_slots[again_slots >= 0]
-                fresh_slots = self._index.slots_from(g.position, n - len(again))
-                if len(again) or len(fresh_slots):
-                    break
+            self._check_open()
+            now = self._clock()
+            again = g.expired(now, n)
+            again_slots = self._index.lookup(again)
+            if (again_slots < 0).any():
+                self._log("forget", group=group, ids=again[again_slots < 0])
+                g.forget(again[again_slots < 0])
+            again, again_slots = again[again_slots >= 0], again_slots[again_slots >= 0]
+            fresh_slots = self._index.slots_from(g.position, n - len(again))
+            if not len(again) and not len(fresh_slots):
                 nd = g.next_deadline()
-                self._wait(deadline, "stream", f"consumer group {group!r} is caught up",
-                           retry_after=None if nd is None else max(0.0, nd - now))
+                return Wait(f"consumer group {group!r} is caught up", self._epoch,
+                            retry_after=None if nd is None else max(0.0, nd - now))
             fresh = self._index["id"][fresh_slots]
             self._log("deliver", group=group, fresh=fresh, again=again,
                       deadline=time.time() + visibility_timeout)
@@ -1159,9 +1182,8 @@ class Table:
     # -- lifecycle --------------------------------------------------------------------
 
     def record_wait(self, op: str, seconds: float | None = None) -> None:
-        """Count a wait done outside the table (the asyncio server waits for
-        notifications between ``timeout=0`` attempts) in the same stats as in-table
-        waits: call it as the wait begins (no seconds), then with the time it took."""
+        """Count a call's wait (``admission.Admission`` does, for every waiter): once
+        as it begins (no seconds), then with the time it took."""
         with self._cond:
             if seconds is None:
                 self.counters[f"{op}_waits"] += 1
@@ -1169,7 +1191,8 @@ class Table:
                 self.counters[f"{op}_wait_seconds"] += seconds
 
     def subscribe(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` after every change (under the lock: it must not block)."""
+        """Call ``listener()`` after every change (under the lock: it must not block):
+        the asyncio server's waiter."""
         with self._cond:
             self._listeners.append(listener)
 
@@ -1467,13 +1490,10 @@ class Table:
             raise InvalidArgument(f"table {self.name!r}: row {i}, column 'group_size': "
                                   f"{int(group_sizes[i])} differs from the sampler's group_size {want}")
 
-    def _deadline(self, timeout: float | None) -> float | None:
-        return None if timeout is None else self._clock() + max(0.0, timeout)
-
     def turn(self, op: str, origin: Hashable | None = None) -> Turn:
-        """A place in line for one ``"insert"`` or ``"sample"`` call made of several
-        ``timeout=0`` attempts (the asyncio server): pass it to every attempt, and to
-        ``leave`` when the call ends, however it ends. ``origin``: the client connection,
+        """A place in line for one ``"insert"`` or ``"sample"`` call: pass it to every
+        attempt (``try_insert``, ``try_sample``), and to ``leave`` when the call ends,
+        however it ends (``admission.Admission`` does). ``origin``: the client connection,
         whose calls reach the table in the order they are handed to ``expect``."""
         if op not in self._lines:
             raise InvalidArgument(f"table {self.name!r}: no line for {op!r} calls")
@@ -1492,33 +1512,23 @@ class Table:
             if self._lines[turn.op].leave(turn):
                 self._wake()
 
-    def _held(self, line: Line, turn: Turn, deadline: float | None) -> bool:
-        """Whether the call had to wait for an earlier call of its connection (lock held).
+    def wait_for_change(self, epoch: int, limit: float | None) -> None:
+        """The in-process waiter (admission.py): block this thread until the table has
+        changed since ``epoch`` (a ``Wait``'s), or for ``limit`` seconds (None: no limit)."""
+        with self._cond:
+            if self._epoch == epoch:
+                self._cond.wait(limit)
 
-        That call was handed to an engine thread before this one and is about to take
-        the lock: this thread waits for it (up to ``HOLD_S``) rather than overtake it or
-        go back to the event loop. After a wait, the caller checks everything again."""
+    def _held(self, line: Line, turn: Turn) -> Wait | None:
+        """A ``Wait`` if an earlier call of the turn's connection was handed to an engine
+        thread before it and has not reached the lock yet (lock held): the attempt must
+        not overtake it. The earlier call wakes it as it passes (or leaves)."""
         held, released = line.reach(turn)
         if released:
-            self._cond.notify_all()  # a held call of its connection may go on
-        if not held:
-            return False
-        if not self._cond.wait(HOLD_S):
-            self._wait(deadline, turn.op, f"an earlier {turn.op} of this connection has not reached the table")
-        return True
-
-    @contextmanager
-    def _turn(self, turn: Turn | None, op: str) -> Iterator[Turn]:
-        """The caller's turn, or one of this call's own, left when the call ends."""
-        if turn is not None:
-            yield turn
-            return
-        turn = Turn(op)
-        try:
-            yield turn
-        finally:
-            if not turn.done:  # admitted calls have left already
-                self.leave(turn)
+            self._wake()  # a held call of its connection may go on
+        if held:
+            return Wait(f"an earlier {turn.op} of this connection has not reached the table", self._epoch)
+        return None
 
     @contextmanager
     def _admitted(self, line: Line, turn: Turn) -> Iterator[None]:
@@ -1532,18 +1542,6 @@ class Table:
                 self._wake()
             raise
 
-    def _wait(self, deadline: float | None, op: str, why: str, retry_after: float | None = None) -> None:
-        """Wait for a change (lock held) or raise DeadlineExceeded carrying ``why``."""
-        now = self._clock()
-        if deadline is not None and now >= deadline:
-            raise DeadlineExceeded(f"table {self.name!r}: {why}", retry_after=retry_after)
-        limit = None if deadline is None else deadline - now
-        if retry_after is not None:
-            limit = retry_after if limit is None else min(limit, retry_after)
-        self.counters[f"{op}_waits"] += 1  # counted as the wait begins, so it is observable
-        self._cond.wait(limit)
-        self.counters[f"{op}_wait_seconds"] += self._clock() - now
-
     def _check_open(self) -> None:
         if self._closed:
             raise Unavailable(f"table {self.name!r} is closed")
@@ -1555,6 +1553,7 @@ class Table:
 
     def _wake(self) -> None:
         """Wake every waiter, in-process threads and ``subscribe`` listeners alike."""
+        self._epoch += 1
         self._cond.notify_all()
         for listener in self._listeners:
             listener()

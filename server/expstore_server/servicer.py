@@ -2,8 +2,9 @@
 
 Concurrency model: the servicer runs on the grpc.aio event loop. Engine calls run on a
 small thread pool (Arrow and numpy release the GIL, so decoding, gathering and encoding
-overlap with network I/O) and never block there: blocking calls are made with
-``timeout=0`` and the coroutine waits for the table's change notifications instead, so
+overlap with network I/O) and never block there: a call that may wait is a series of
+attempts (``Table.try_insert``, ``try_sample``, ``try_stream``) and the coroutine waits
+for the table's change notifications in between (expstore/admission.py), so
 a thousand producers held back by the rate limiter cost a thousand coroutines, not a
 thousand threads, and can never starve the trainer's calls of workers. SQL queries run
 on threads of their own (``queries.QueryRunner``), never on the engine's. Blocked inserts
@@ -27,6 +28,7 @@ import grpc
 import numpy as np
 
 from expstore import query
+from expstore.admission import Admission, Wait
 from expstore.errors import DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument, Unavailable
 from expstore_proto import arrow_ipc, framing
 from expstore_proto.service import ROWS_PAYLOAD, Malformed
@@ -263,8 +265,8 @@ class Servicer:
         prep = await self._run(table.prepare_insert, parts, np.concatenate(priorities), durability)
         turn = table.turn("insert", context.peer())
         try:
-            result = await self._blocking(table, "insert", lambda: table.commit_insert(prep, timeout=0, turn=turn),
-                                          first.timeout_s, context, arrival=arrival, turn=turn)
+            result = await self._admit(table, "insert", lambda: table.try_insert(prep, turn),
+                                       first.timeout_s, context, arrival=arrival, turn=turn)
         except BaseException:
             await self._run(table.abandon_insert, prep)
             raise
@@ -282,11 +284,13 @@ class Servicer:
             turn = table.turn("sample", context.peer())
             step = request.step if request.HasField("step") else None
             versions = convert.version_ranges(request.data_versions)
-            messages = await self._blocking(
-                table, "sample",
-                lambda: self._messages(table.sample(request.batch_size, timeout=0, step=step, turn=turn,
-                                                    data_versions=versions), request.compress),
-                request.timeout_s, context, arrival=arrival, turn=turn)
+
+            def attempt():
+                rows = table.try_sample(request.batch_size, turn, step, versions)
+                return rows if isinstance(rows, Wait) else self._messages(rows, request.compress)
+
+            messages = await self._admit(table, "sample", attempt, request.timeout_s, context,
+                                         arrival=arrival, turn=turn)
         for msg in messages:
             yield msg
 
@@ -296,11 +300,10 @@ class Servicer:
         visibility = request.visibility_timeout_s or self.config.visibility_timeout_s
         start = request.start or "earliest"
         def attempt():
-            rows = table.stream(request.group, request.batch_size, timeout=0,
-                                visibility_timeout=visibility, start=start)
-            return self._messages(rows, request.compress)
+            rows = table.try_stream(request.group, request.batch_size, visibility, start)
+            return rows if isinstance(rows, Wait) else self._messages(rows, request.compress)
 
-        for msg in await self._blocking(table, "stream", attempt, request.timeout_s, context):
+        for msg in await self._admit(table, "stream", attempt, request.timeout_s, context):
             yield msg
 
     @rpc("trainer", audit=True)
@@ -425,19 +428,21 @@ class Servicer:
         """Framed response messages (run on an engine thread, with the call that made rows)."""
         return convert.rows_to_messages(rows, compress=compress, message_bytes=self.config.message_bytes)
 
-    async def _blocking(self, table: Table, op: str, attempt: Callable, timeout_s: float, context, *,
-                        arrival: Arrival | None = None, turn: Turn | None = None) -> Any:
-        """Run a non-blocking engine call until it succeeds, waiting for table changes
-        in between, for up to ``timeout_s`` (bounded by the client's own deadline). A call
-        that had to wait is counted once in the table's ``<op>_waits`` stats.
+    async def _admit(self, table: Table, op: str, attempt: Callable, timeout_s: float, context, *,
+                     arrival: Arrival | None = None, turn: Turn | None = None) -> Any:
+        """Run a call's attempts (each on an engine thread; each returns its result or a
+        ``Wait``) until one completes it, waiting on the event loop for the table's
+        changes in between (admission.py), for up to ``timeout_s`` (bounded by the
+        client's own deadline).
 
         Inserts and samples keep one ``turn`` in the table's line across attempts (blocked
         calls are admitted first come, first served). A call hands its first attempt to
         an engine thread only after the earlier calls of its connection have handed
-        theirs (``arrival``), and registers it with the table (``expect``), which holds
-        an attempt that overtakes an earlier one of its connection on the way to the
-        lock. A turn that cannot be admitted yet costs no thread hop; it leaves the line
-        when the call ends, however it ends."""
+        theirs (``arrival``), and registers it with the table (``expect``), which tells an
+        attempt that overtakes an earlier one of its connection to wait for it. A turn
+        that cannot be admitted yet costs no thread hop; it leaves the line when the
+        call ends, however it ends (on an engine thread: after an attempt still running
+        there, and off the loop)."""
         loop = asyncio.get_running_loop()
         signal = self._signals.get(table)
         if signal is None:
@@ -445,52 +450,39 @@ class Servicer:
             table.subscribe(signal.notify)
         remaining_rpc = context.time_remaining()
         rpc_left = None if remaining_rpc is None else max(0.0, remaining_rpc - 0.05)
-        waited = False
-        blocked: DeadlineExceeded | None = None
-        try:
-            # Bounded by the RPC's deadline, not timeout_s: a call with timeout_s = 0 still
-            # lets the calls its client started before it go first.
-            if arrival is not None and not await arrival.wait(rpc_left):
-                raise DeadlineExceeded(f"table {table.name!r}: an earlier {op} of this connection was still "
-                                       f"being received or validated at the call's deadline")
-            if turn is not None:
-                table.expect(turn)  # handed to a thread now, in the connection's order
-            limit = max(0.0, timeout_s)
-            remaining_rpc = context.time_remaining()
-            if remaining_rpc is not None:
-                limit = min(limit, max(0.0, remaining_rpc - 0.05))
-            started = time.monotonic()
-            deadline = started + limit
+        # Bounded by the RPC's deadline, not timeout_s: a call with timeout_s = 0 still
+        # lets the calls its client started before it go first.
+        if arrival is not None and not await arrival.wait(rpc_left):
+            raise DeadlineExceeded(f"table {table.name!r}: an earlier {op} of this connection was still "
+                                   f"being received or validated at the call's deadline")
+        if turn is not None:
+            table.expect(turn)  # handed to a thread now, in the connection's order
+        limit = max(0.0, timeout_s)
+        remaining_rpc = context.time_remaining()
+        if remaining_rpc is not None:
+            limit = min(limit, max(0.0, remaining_rpc - 0.05))
+        wait = Wait(f"earlier {op}s are waiting (first come, first served)", -1)
+        with Admission(table, op, limit, turn, leave=lambda t: self._leave(table, t)) as admission:
             while True:
                 event = signal.event  # taken before the attempt: a change during it still wakes us
                 if turn is None or turn.may_try():
                     future = loop.run_in_executor(self._pool, attempt)
                     if arrival is not None:
                         arrival.dispatched()  # the connection's next call may follow
-                    try:
-                        return await future
-                    except DeadlineExceeded as e:
-                        blocked = e
+                    outcome = await future
+                    if not isinstance(outcome, Wait):
+                        return outcome
+                    wait = outcome
                 if self.draining:
-                    raise Unavailable("server is draining; retry on another server or after restart") from None
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise blocked if blocked is not None else DeadlineExceeded(
-                        f"table {table.name!r}: earlier {op}s are waiting (first come, first served)")
-                if not waited:
-                    waited = True
-                    table.record_wait(op)
-                retry_after = blocked.retry_after if blocked is not None else None
-                wait = remaining if retry_after is None else min(remaining, max(retry_after, 0.001))
+                    raise Unavailable("server is draining; retry on another server or after restart")
+                limit = admission.limit(wait)  # DeadlineExceeded (a TimeoutError) at the deadline
                 try:
-                    await asyncio.wait_for(event.wait(), wait)
+                    await asyncio.wait_for(event.wait(), limit)
                 except TimeoutError:
                     pass
-        finally:
-            if turn is not None and not turn.done:  # not admitted: ended, or cancelled mid-attempt
-                try:  # on an engine thread: after an attempt still running there, and off the loop
-                    self._pool.submit(table.leave, turn)
-                except RuntimeError:  # the pool is shut down: nothing runs there any more
-                    table.leave(turn)
-            if waited:
-                table.record_wait(op, time.monotonic() - started)
+
+    def _leave(self, table: Table, turn: Turn) -> None:
+        try:  # on an engine thread: after an attempt still running there, and off the loop
+            self._pool.submit(table.leave, turn)
+        except RuntimeError:  # the pool is shut down: nothing runs there any more
+            table.leave(turn)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from expstore.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                              ResourceExhausted, Unavailable)
+from expstore.admission import Admission, Wait
 from expstore.chunks import ChunkStore
 from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.synthetic import trajectories
@@ -734,34 +735,60 @@ def test_a_call_that_fails_once_admitted_wakes_the_next_in_line():
     assert small.finish().error is None and len(t) == 2
 
 
-def test_an_attempt_that_overtakes_an_earlier_call_of_its_connection_waits_for_it(monkeypatch):
+def test_an_attempt_that_overtakes_an_earlier_call_of_its_connection_waits_for_it():
     """The server hands a connection's calls to engine threads in order (``expect``);
-    a thread that gets to the lock first waits for the earlier one instead of passing."""
+    an attempt that gets to the lock first is told to wait for the earlier one instead
+    of passing it, and is woken when that one passes or leaves."""
     t = make(sampler=SamplerSpec("fifo"))
     first, second, other = (t.turn("insert", origin) for origin in ("peer-a", "peer-a", "peer-b"))
     for turn in (first, second, other):
         t.expect(turn)
-    late = Worker(lambda: t.commit_insert(t.prepare_insert(traj(1, "second")), timeout=0, turn=second))
-    late.start()
-    assert_blocked(late)  # held by ``first``, which has not got to the table yet
-    assert t.commit_insert(t.prepare_insert(traj(1, "other")), timeout=0, turn=other).item_ids.tolist() == [1]
-    assert t.commit_insert(t.prepare_insert(traj(1, "first")), timeout=0, turn=first).item_ids.tolist() == [2]
-    assert late.finish().result.item_ids.tolist() == [3]
+    late = t.prepare_insert(traj(1, "second"))
+    held = t.try_insert(late, second)
+    assert isinstance(held, Wait) and "earlier insert of this connection" in held.why  # ``first`` is not there yet
+    assert t.try_insert(t.prepare_insert(traj(1, "other")), other).item_ids.tolist() == [1]
+    assert t.try_insert(t.prepare_insert(traj(1, "first")), first).item_ids.tolist() == [2]
+    assert t.try_insert(late, second).item_ids.tolist() == [3]
     # An earlier call that ends without getting there releases the ones behind it...
     gone, waiting = t.turn("insert", "peer-a"), t.turn("insert", "peer-a")
     t.expect(gone), t.expect(waiting)
-    w = Worker(lambda: t.commit_insert(t.prepare_insert(traj(1, "w")), timeout=0, turn=waiting))
-    w.start()
-    assert_blocked(w)
+    prep = t.prepare_insert(traj(1, "w"))
+    held = t.try_insert(prep, waiting)
+    assert isinstance(held, Wait)
+    waiter = Worker(lambda: t.wait_for_change(held.epoch, 30))
+    waiter.start()
+    assert_blocked(waiter)
     t.leave(gone)
-    assert w.finish().result.item_ids.tolist() == [4]
-    # ...and one that never comes holds them back for a bounded time only.
-    monkeypatch.setattr("expstore.table.HOLD_S", 0.05)
+    assert waiter.finish().error is None  # woken by the leave
+    assert t.try_insert(prep, waiting).item_ids.tolist() == [4]
+    # ...and one that never comes holds them back up to their own deadline only.
     never, stuck = t.turn("insert", "peer-a"), t.turn("insert", "peer-a")
     t.expect(never), t.expect(stuck)
+    prep = t.prepare_insert(traj(1, "s"))
     with pytest.raises(DeadlineExceeded, match="earlier insert of this connection"):
-        t.commit_insert(t.prepare_insert(traj(1, "s")), timeout=0, turn=stuck)
-    assert len(t) == 4
+        with Admission(t, "insert", 0.05, stuck) as adm:
+            while isinstance(outcome := t.try_insert(prep, stuck), Wait):
+                t.wait_for_change(outcome.epoch, adm.limit(outcome))
+    t.abandon_insert(prep)
+    assert len(t) == 4 and t.stats()["insert_waits"] == 1
+
+
+def test_the_blocking_calls_and_the_attempts_share_one_line():
+    """A thread blocked in ``insert`` and a caller driving ``try_insert`` under another
+    waiter (the server's) wait in the same line, first come, first served."""
+    t = make(**QUEUE1)
+    t.insert(traj(1, "a"))
+    (blocked,) = blocked_in_order(t, "insert", [lambda: t.insert(traj(1, "thread"), timeout=10)])
+    turn = t.turn("insert")
+    prep = t.prepare_insert(traj(1, "attempts"))
+    outcome = t.try_insert(prep, turn)
+    assert isinstance(outcome, Wait) and "1 earlier inserts are waiting" in outcome.why
+    assert traj_ids(t.sample(1)) == ["a-0"]  # room for one: the thread's insert goes first
+    assert blocked.finish().error is None
+    assert isinstance(t.try_insert(prep, turn), Wait)  # the limiter again
+    assert traj_ids(t.sample(1)) == ["thread-0"]
+    assert t.try_insert(prep, turn).num_inserted == 1
+    assert traj_ids(t.sample(1)) == ["attempts-0"]
 
 
 # --- staleness ---------------------------------------------------------------------------
