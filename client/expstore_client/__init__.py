@@ -4,13 +4,13 @@ Depends on grpcio, protobuf, pyarrow and numpy only (torch optionally, for to_to
 """
 
 from ._codec import InsertResult, PriorityUpdate, TableInfo
-from .aio import AsyncClient
+from .aio import AsyncClient, QueryResult
 from .batch import Ragged, SampleBatch
 from .batcher import InsertBatcher
 from .client import Client, InsertFuture
 from ._shard_errors import ShardedInsertError, ShardError
 from .sharded import ShardedClient, ShardedInsertFuture, connect, names_shards
 
-__all__ = ["Client", "AsyncClient", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult",
+__all__ = ["Client", "AsyncClient", "QueryResult", "InsertFuture", "InsertBatcher", "SampleBatch", "Ragged", "InsertResult",
            "PriorityUpdate", "TableInfo", "ShardedClient", "ShardedInsertFuture", "ShardError", "ShardedInsertError", "connect",
            "names_shards"]

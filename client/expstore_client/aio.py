@@ -1,17 +1,31 @@
-"""AsyncClient: the same API as Client on grpc.aio, for producers that run thousands of
-environments in one event loop. One channel per client; safe to share across tasks."""
+"""AsyncClient: the one implementation of the client contract, on grpc.aio.
+
+``Client`` (client.py) is a thin synchronous facade that runs this class's coroutines
+on a background event loop (the LanceDB pattern), so the two can never drift: every
+method here has a synchronous twin of the same name and arguments, and one conformance
+suite (tests/integration/test_conformance.py) runs against both and ``ShardedClient``.
+
+For producers running thousands of environments in one event loop: one channel per
+client, safe to share across tasks. Calls of one kind (inserts, samples) reach the
+server in the order they were made, so the server admits them in that order when they
+must wait. Errors are ``grpc.aio.AioRpcError`` (a ``grpc.RpcError``) with the server's
+status code and message.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import grpc
 import numpy as np
 import pyarrow as pa
 
+from expstore_proto import arrow_ipc
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore_proto.service import client_stub
 
@@ -19,28 +33,76 @@ from . import _codec
 from ._codec import InsertResult, PriorityUpdate, TableInfo
 from .batch import SampleBatch
 from .batcher import InsertBatcher
-from .client import DEFAULT_TIMEOUT, MAX_MESSAGE_BYTES, MESSAGE_BYTES, make_credentials
+
+DEFAULT_TIMEOUT = 30.0
+MESSAGE_BYTES = 8 << 20
+MAX_MESSAGE_BYTES = 256 << 20
+SLACK_S = 5.0  # seconds an RPC deadline exceeds the call's own timeout_s: the server answers first
+
+
+def make_credentials(tls: bool | str | bytes | Path | None) -> grpc.ChannelCredentials | None:
+    """None/False: plaintext. True: TLS with system roots. bytes or a path: TLS trusting
+    that PEM root certificate."""
+    if not tls:
+        return None
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    root = tls if isinstance(tls, bytes) else Path(tls).read_bytes()
+    return grpc.ssl_channel_credentials(root_certificates=root)
+
+
+@dataclass
+class QueryResult:
+    """The record batches of one ``query``, as they arrive: ``schema``, then ``async for
+    batch in result`` (or ``await result.read_all()``). Each batch points into its
+    received message: no copy."""
+
+    schema: pa.Schema
+    _batches: AsyncIterator[pa.RecordBatch]
+
+    def __aiter__(self) -> AsyncIterator[pa.RecordBatch]:
+        return self._batches
+
+    async def read_all(self) -> pa.Table:
+        return pa.Table.from_batches([b async for b in self._batches], schema=self.schema)
 
 
 class AsyncClient:
+    """>>> async with AsyncClient("127.0.0.1:50051") as client:
+    ...     await client.insert("rollouts", rows)
+    ...     batch = await client.sample("rollouts", 256)
+    """
+
     def __init__(self, target: str = "127.0.0.1:50051", token: str | None = None, *,
                  tls: bool | str | bytes | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        options = _codec.channel_options(max_message_bytes)
+                 message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 channel_options: Sequence[tuple[str, Any]] = ()) -> None:
+        """``channel_options``: extra gRPC channel arguments (e.g. reconnect backoff)."""
+        options = _codec.channel_options(max_message_bytes) + list(channel_options)
         creds = make_credentials(tls)
         self._channel = grpc.aio.secure_channel(target, creds, options) if creds else \
             grpc.aio.insecure_channel(target, options)
         self._stub = client_stub(self._channel)
         self._metadata = _codec.metadata(token)
+        self.target = target
         self.timeout = timeout
         self.message_bytes = message_bytes
         self._schemas: dict[str, pa.Schema] = {}
         self._inserts, self._samples = _InOrder(self._channel), _InOrder(self._channel)
 
+    # -- tables -----------------------------------------------------------------------
+
     async def create_table(self, name: str, *, kind: str = "trajectory", schema: pa.Schema | None = None,
                            sampler: str | Mapping[str, Any] = "uniform",
                            rate_limiter: Mapping[str, Any] | None = None, if_not_exists: bool = False,
                            **config: Any) -> TableInfo:
+        """Create a table. ``config`` takes the other TableConfig fields: remover,
+        max_size, max_times_sampled, max_staleness, memory_bytes, key_column, dedup_window,
+        tiers, ssd_bytes, durability, archive, vocab_size (token ids must be below it),
+        metadata (string notes such as the console's ``tokenizer``), group_timeout_s and
+        group_timeout_action, ingest_checks (a list), routed_experts (``{"layers": L,
+        "top_k": k, "num_experts": E}``); the sampler mapping may hold task_quotas
+        (``{task: {"min": share, "max": share}}``). See docs/config.md."""
         req = pb.CreateTableRequest(config=_codec.table_config(name, kind=kind, schema=schema, sampler=sampler,
                                                                rate_limiter=rate_limiter, **config),
                                     if_not_exists=if_not_exists)
@@ -65,14 +127,29 @@ class AsyncClient:
 
     def batcher(self, table: str, *, linger_s: float = 0.005, max_rows: int = 1024,
                 timeout: float | None = None) -> InsertBatcher:
-        """Coalesce inserts of many tasks into few RPCs (see ``InsertBatcher``)."""
+        """Coalesce inserts of many tasks into few RPCs (see ``InsertBatcher``; asyncio
+        only: a thread-based producer batches its own rows)."""
         return InsertBatcher(self, table, linger_s=linger_s, max_rows=max_rows, timeout=timeout)
+
+    # -- rows in ----------------------------------------------------------------------
 
     async def insert(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
                      timeout: float | None = None, durability: str | None = None,
                      compress: bool = False) -> InsertResult:
-        """Insert rows, all or none. Inserts of one client reach the server in the order
-        they were called, so the server admits them in that order when they must wait."""
+        """Insert rows (pa.Table, RecordBatch, list of dicts or dict of arrays), all or
+        none. Waits up to ``timeout`` for the rate limiter. Retrying with the same
+        traj_ids is safe: rows already stored are reported as duplicates. Inserts of one
+        client reach the server in the order they were called, so the server admits them
+        in that order when they must wait."""
+        return await (await self.insert_future(table, data, priorities=priorities, timeout=timeout,
+                                               durability=durability, compress=compress))
+
+    async def insert_future(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
+                            timeout: float | None = None, durability: str | None = None,
+                            compress: bool = False) -> "asyncio.Future[InsertResult]":
+        """Start an insert and return once it is on its way, with a future of its
+        result: with a few inserts in flight a producer encodes its next batch while the
+        server validates this one (each insert is still all or none)."""
         turn = self._inserts.take()  # before any await: the order of the calls
         async with turn:
             schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
@@ -82,13 +159,18 @@ class AsyncClient:
                                               self.message_bytes)
             call = await turn.start(lambda: self._stub.Insert(requests, timeout=self._deadline(timeout),
                                                               metadata=self._metadata), timeout)
-        return _codec.insert_result(await call)
+        return asyncio.ensure_future(_insert_result(call))
+
+    # -- rows out ---------------------------------------------------------------------
 
     async def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
                      compress: bool = False, step: int | None = None,
                      data_versions: Mapping[str, tuple[int | None, int | None]] | None = None) -> SampleBatch:
-        """One batch; samples of one client reach the server in the order they were called
-        (``data_versions`` as in ``Client.sample``)."""
+        """Sample a batch. With ``step``, the server records the batch's manifest (item
+        ids, policy versions) under that training step (``manifest(table, step)``).
+        ``data_versions`` (``{task: (lo, hi)}``, ``"*"`` for the other tasks, None for an
+        open bound; task mixing with a ``data_version`` column) samples only those versions.
+        Samples of one client reach the server in the order they were called."""
         turn = self._samples.take()
         async with turn:
             timeout = self.timeout if timeout is None else timeout
@@ -97,37 +179,52 @@ class AsyncClient:
             call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout), timeout)
         return _codec.rows([m async for m in call], with_weights=True)
 
-    async def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
-                     idle_timeout: float | None = None, visibility_timeout: float | None = None,
-                     start: str = "earliest", compress: bool = False) -> AsyncIterator[SampleBatch]:
+    def sampler(self, table: str, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,
+                compress: bool = False) -> AsyncIterator[SampleBatch]:
+        """Sample batches forever, keeping ``prefetch`` Sample calls in flight so that the
+        server gathers the next batch while this one is used (Reverb's in-flight samples).
+        Closing the iterator cancels the calls in flight; the server may already have
+        counted them as sampled."""
+        if prefetch < 1:
+            raise ValueError("prefetch must be >= 1")
+        return _sampler(lambda: self.sample(table, batch_size, timeout=timeout, compress=compress), prefetch)
+
+    def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
+               idle_timeout: float | None = None, visibility_timeout: float | None = None,
+               start: str = "earliest", compress: bool = False) -> AsyncIterator[SampleBatch]:
+        """Iterate a consumer group's batches in insertion order (at most ``batch_size``
+        each). Ack each batch (``await batch.ack()``) once processed, or it is redelivered
+        after the visibility timeout. Ends after ``idle_timeout`` seconds without rows
+        (None: never)."""
         poller = _codec.StreamPoller(table, group, batch_size, poll_timeout, idle_timeout,
                                      visibility_timeout, start, compress)
-        while True:
-            req, poll = poller.request()
-            try:
-                messages = [m async for m in self._stream(self._stub.Stream, req, poll)]
-            except grpc.aio.AioRpcError as e:
-                if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise
-                if poller.idle():
-                    return
-                continue
-            poller.got_rows()
-            batch = _codec.rows(messages, with_weights=False)
-            batch._ack = lambda ids=batch.ids: self.ack(table, group, ids)
-            yield batch
+        return _stream(self, table, group, poller)
 
-    async def ack(self, table: str, group: str, item_ids) -> int:
+    async def poll_stream(self, request: pb.StreamRequest, wait: float) -> SampleBatch | None:
+        """One Stream call waiting up to ``wait`` seconds: its batch, or None if the
+        group stayed caught up (what ``stream`` and ``ShardedClient.stream`` repeat)."""
+        try:
+            messages = [m async for m in self._stream(self._stub.Stream, request, wait)]
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            return None
+        return _codec.rows(messages, with_weights=False)
+
+    async def ack(self, table: str, group: str, item_ids: Sequence[int] | np.ndarray) -> int:
         req = pb.AckRequest(table=table, group=group, item_ids=list(map(int, item_ids)))
         return (await self._call(self._stub.Ack, req)).num_acked
 
     async def update_priorities(self, table: str, item_ids, priorities) -> PriorityUpdate:
-        """As ``Client.update_priorities``: unknown ids are ignored and returned."""
+        """Set the priorities of the live items among ``item_ids`` (the last entry wins
+        for a repeated id). Ids of items that have left are ignored and returned in
+        ``unknown_item_ids``: the rest are updated all the same."""
         req = pb.UpdatePrioritiesRequest(table=table, item_ids=list(map(int, item_ids)),
                                          priorities=list(map(float, priorities)))
         return _codec.priority_update(await self._call(self._stub.UpdatePriorities, req))
 
     async def set_policy_version(self, table: str, version: int) -> int:
+        """Set the table's current policy version; returns how many stale items left."""
         req = pb.SetPolicyVersionRequest(table=table, version=version)
         return (await self._call(self._stub.SetPolicyVersion, req)).num_expired
 
@@ -138,17 +235,53 @@ class AsyncClient:
     async def stats(self, table: str | None = None) -> dict[str, dict[str, float]]:
         return _codec.stats(await self._call(self._stub.Stats, pb.StatsRequest(table=table or "")))
 
+    async def query(self, sql: str, *, max_rows: int = 0, timeout: float | None = None) -> QueryResult:
+        """Run one SELECT on the server (docs/cli.md, "query"): its record batches as they
+        arrive, at most ``max_rows`` rows (0: all). The first message is awaited here (it
+        carries the schema)."""
+        messages = self._stream(self._stub.Query, pb.QueryRequest(sql=sql, max_rows=max_rows), timeout).__aiter__()
+        first = arrow_ipc.decode((await messages.__anext__())[1])
+
+        async def batches() -> AsyncIterator[pa.RecordBatch]:
+            for batch in first.to_batches():
+                yield batch
+            async for _, payload in messages:
+                for batch in arrow_ipc.decode(payload).to_batches():
+                    yield batch
+
+        return QueryResult(first.schema, batches())
+
+    async def query_table(self, sql: str, *, max_rows: int = 0, timeout: float | None = None) -> pa.Table:
+        """The whole result of ``query`` as one table."""
+        return await (await self.query(sql, max_rows=max_rows, timeout=timeout)).read_all()
+
+    # -- training cuts and checkpoints ------------------------------------------------
+
     async def commit_cut(self, table: str, group: str, step: int, item_ids=(), *, tag: str = "") -> int:
+        """Atomically ack what training step ``step`` consumed, remember the stream
+        position under ``step`` and record the ids as the step's manifest (replacing an
+        earlier commit of ``step``); returns the number acked. With no ids it creates a
+        group that has not read yet (a trainer's step 0)."""
         req = pb.CommitCutRequest(table=table, group=group, step=step, item_ids=list(map(int, item_ids)), tag=tag)
         return (await self._call(self._stub.CommitCut, req)).num_acked
 
     async def resume(self, table: str, group: str, step: int) -> dict[str, int]:
+        """Rewind ``group`` to its cut at ``step``: everything after it is delivered again,
+        and the manifests of later steps are forgotten."""
         resp = await self._call(self._stub.Resume, pb.ResumeRequest(table=table, group=group, step=step))
         return {"position": resp.position, "inflight": resp.inflight}
 
     async def manifest(self, table: str, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids, policy versions) that training step ``step`` sampled or committed."""
         resp = await self._call(self._stub.GetManifest, pb.GetManifestRequest(table=table, step=step))
         return np.array(resp.item_ids, dtype=np.uint64), np.array(resp.policy_versions, dtype=np.int64)
+
+    async def checkpoint(self, name: str = "", *, timeout: float | None = None) -> dict[str, Any]:
+        """Snapshot the whole server to its remote tier (inserts and samples go on)."""
+        resp = await self._call(self._stub.Checkpoint, pb.CheckpointRequest(name=name), timeout or 3600.0)
+        return {"name": resp.name, "uri": resp.uri, "num_bytes": resp.num_bytes, "seconds": resp.seconds}
+
+    # -- lifecycle --------------------------------------------------------------------
 
     async def close(self) -> None:
         await self._channel.close()
@@ -160,13 +293,44 @@ class AsyncClient:
         await self.close()
 
     def _deadline(self, timeout: float | None) -> float:
-        return (timeout if timeout is not None else self.timeout) + 5.0
+        # The RPC deadline leaves the server time to answer DEADLINE_EXCEEDED itself.
+        return (timeout if timeout is not None else self.timeout) + SLACK_S
 
     async def _call(self, method, request, timeout: float | None = None):
         return await method(request, timeout=self._deadline(timeout), metadata=self._metadata)
 
     def _stream(self, method, request, timeout: float | None):
         return method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+
+
+async def _insert_result(call: Awaitable) -> InsertResult:
+    return _codec.insert_result(await call)
+
+
+async def _sampler(sample: Callable[[], Awaitable[SampleBatch]], prefetch: int) -> AsyncIterator[SampleBatch]:
+    inflight: deque[asyncio.Task] = deque()
+    try:
+        while True:
+            while len(inflight) < prefetch:
+                inflight.append(asyncio.ensure_future(sample()))
+            yield await inflight.popleft()
+    finally:
+        for task in inflight:
+            task.cancel()
+
+
+async def _stream(client: AsyncClient, table: str, group: str, poller: _codec.StreamPoller
+                  ) -> AsyncIterator[SampleBatch]:
+    while True:
+        request, poll = poller.request()
+        batch = await client.poll_stream(request, poll)
+        if batch is None:
+            if poller.idle():
+                return
+            continue
+        poller.got_rows()
+        batch._ack = lambda ids=batch.ids: client.ack(table, group, ids)
+        yield batch
 
 
 class _InOrder:
@@ -198,14 +362,15 @@ class _Start:
         """Start the call once the previous one has started and the channel is up."""
         if self._previous is not None and not self._previous.done():
             await asyncio.shield(self._previous)  # not cancelled if this call is
-        deadline = time.monotonic() + timeout
         state = self._channel.get_state(try_to_connect=True)
-        while state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):
-            try:
-                await asyncio.wait_for(self._channel.wait_for_state_change(state), deadline - time.monotonic())
-            except TimeoutError:
-                break  # the call itself reports the timeout
-            state = self._channel.get_state(try_to_connect=True)
+        if state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):
+            deadline = time.monotonic() + timeout
+            while state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):
+                try:
+                    await asyncio.wait_for(self._channel.wait_for_state_change(state), deadline - time.monotonic())
+                except TimeoutError:
+                    break  # the call itself reports the timeout
+                state = self._channel.get_state(try_to_connect=True)
         return make_call()
 
     async def __aenter__(self) -> "_Start":

@@ -151,6 +151,10 @@ class ShardedClient:
         info = self._infos[name] = _merge.table_info([done[k] for k in sorted(done)])
         return info
 
+    def schema(self, table: str) -> pa.Schema:
+        """The table's stored schema (cached after the first call)."""
+        return self._info(table).schema
+
     def _info(self, table: str) -> TableInfo:
         return self._infos.get(table) or self.describe(table)
 
@@ -284,14 +288,7 @@ class ShardedClient:
             req = pb.StreamRequest()
             req.CopyFrom(request)
             req.batch_size, req.timeout_s = int(shares[k]), wait
-            client = self._clients[k]
-            try:
-                messages = list(client._call(client._stub.Stream, req, wait))
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    return None
-                raise
-            return _codec.rows(messages, with_weights=False)
+            return self._clients[k].poll_stream(req, wait)
 
         done, failed = self._each(poll, [int(k) for k in np.flatnonzero(shares)])
         self._raise_unless_down(f"table {table!r}: stream", failed)
