@@ -29,8 +29,9 @@ from expstore_proto import arrow_ipc
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore_proto.service import client_stub
 
-from . import _codec
+from . import _codec, _flight
 from ._codec import InsertResult, PriorityUpdate, TableInfo
+from ._flight import FlightPath
 from .batch import SampleBatch
 from .batcher import InsertBatcher
 
@@ -38,6 +39,7 @@ DEFAULT_TIMEOUT = 30.0
 MESSAGE_BYTES = 8 << 20
 MAX_MESSAGE_BYTES = 256 << 20
 SLACK_S = 5.0  # seconds an RPC deadline exceeds the call's own timeout_s: the server answers first
+FLIGHT_MIN_BYTES = 1 << 20  # inserts at least this large go over Flight (smaller ones: gRPC)
 
 
 def make_credentials(tls: bool | str | bytes | Path | None) -> grpc.ChannelCredentials | None:
@@ -76,19 +78,35 @@ class AsyncClient:
     def __init__(self, target: str = "127.0.0.1:50051", token: str | None = None, *,
                  tls: bool | str | bytes | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
                  message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 channel_options: Sequence[tuple[str, Any]] = ()) -> None:
-        """``channel_options``: extra gRPC channel arguments (e.g. reconnect backoff)."""
+                 channel_options: Sequence[tuple[str, Any]] = (), flight: bool = True,
+                 flight_min_bytes: int = FLIGHT_MIN_BYTES) -> None:
+        """``channel_options``: extra gRPC channel arguments (e.g. reconnect backoff).
+        ``flight``: send bulk data over the server's Arrow Flight service when it offers
+        one (inserts of at least ``flight_min_bytes`` Arrow bytes, and every sample,
+        stream read, get and query); False: gRPC only."""
         options = _codec.channel_options(max_message_bytes) + list(channel_options)
         creds = make_credentials(tls)
+        self._tls_root = None if not tls or tls is True else (tls if isinstance(tls, bytes) else Path(tls).read_bytes())
+        self._tls = bool(tls)
+        self.flight, self.flight_min_bytes = flight, flight_min_bytes
+        self._flight: FlightPath | None = None
+        self._flight_checked: asyncio.Future | None = None
         self._channel = grpc.aio.secure_channel(target, creds, options) if creds else \
             grpc.aio.insecure_channel(target, options)
         self._stub = client_stub(self._channel)
         self._metadata = _codec.metadata(token)
         self.target = target
         self.timeout = timeout
-        self.message_bytes = message_bytes
+        self.message_bytes, self.max_message_bytes = message_bytes, max_message_bytes
         self._schemas: dict[str, pa.Schema] = {}
         self._inserts, self._samples = _InOrder(self._channel), _InOrder(self._channel)
+
+    @property
+    def flight_location(self) -> str | None:
+        """The Arrow Flight service bulk calls use (``grpc+tcp://host:port``), or None:
+        gRPC only, or no bulk call made yet."""
+        path = self._flight
+        return None if path is None or path.broken else path.location
 
     # -- tables -----------------------------------------------------------------------
 
@@ -150,16 +168,36 @@ class AsyncClient:
         """Start an insert and return once it is on its way, with a future of its
         result: with a few inserts in flight a producer encodes its next batch while the
         server validates this one (each insert is still all or none)."""
+        return await self._start_insert(table, data, priorities, timeout, durability, compress, self.flight)
+
+    async def _start_insert(self, table: str, data: Any, priorities, timeout: float | None,
+                            durability: str | None, compress: bool, flight: bool) -> "asyncio.Future[InsertResult]":
         turn = self._inserts.take()  # before any await: the order of the calls
         async with turn:
             schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
             arrow = _codec.to_arrow(data, schema)
             timeout = self.timeout if timeout is None else timeout
             requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
-                                              self.message_bytes)
+                                              self.message_bytes)  # checks the arguments
+            big = flight and not compress and arrow.nbytes >= self.flight_min_bytes
+            path = await self._flight_path() if big else None
+            if path is not None:
+                await turn.start(lambda: None, timeout)
+                flight = _flight.insert_request(table, priorities, timeout, durability)
+                # A task starts at once and queues on the path's lock: the order of the calls.
+                return asyncio.ensure_future(self._flight_insert(path, flight, arrow, table, data, priorities,
+                                                                 timeout, durability))
             call = await turn.start(lambda: self._stub.Insert(requests, timeout=self._deadline(timeout),
                                                               metadata=self._metadata), timeout)
         return asyncio.ensure_future(_insert_result(call))
+
+    async def _flight_insert(self, path: FlightPath, request: pb.InsertRequest, arrow: pa.Table, table: str,
+                             data: Any, priorities, timeout: float, durability: str | None) -> InsertResult:
+        try:
+            async with path.inserts:
+                return await path.run(path.insert, request, arrow, self._deadline(timeout))
+        except _flight.RetryOverGrpc:  # every Flight waiting place was taken: wait as a coroutine
+            return await (await self._start_insert(table, arrow, priorities, timeout, durability, False, False))
 
     # -- rows out ---------------------------------------------------------------------
 
@@ -176,7 +214,18 @@ class AsyncClient:
             timeout = self.timeout if timeout is None else timeout
             req = pb.SampleRequest(table=table, batch_size=batch_size, timeout_s=timeout, compress=compress, step=step,
                                    data_versions=_codec.version_ranges(data_versions))
-            call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout), timeout)
+            path = await self._flight_path()
+            if path is not None:
+                await turn.start(lambda: None, timeout)
+                task = asyncio.ensure_future(self._flight_rows(path, pb.FlightTicket(sample=req), timeout, True,
+                                                               path.samples))
+            else:
+                call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout), timeout)
+        if path is not None:
+            try:
+                return await task
+            except _flight.RetryOverGrpc:
+                return await self._grpc_rows(self._stub.Sample, req, timeout, True)
         return _codec.rows([m async for m in call], with_weights=True)
 
     def sampler(self, table: str, batch_size: int, *, prefetch: int = 2, timeout: float | None = None,
@@ -204,12 +253,11 @@ class AsyncClient:
         """One Stream call waiting up to ``wait`` seconds: its batch, or None if the
         group stayed caught up (what ``stream`` and ``ShardedClient.stream`` repeat)."""
         try:
-            messages = [m async for m in self._stream(self._stub.Stream, request, wait)]
+            return await self._rows(self._stub.Stream, pb.FlightTicket(stream=request), request, wait, False)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise
             return None
-        return _codec.rows(messages, with_weights=False)
 
     async def ack(self, table: str, group: str, item_ids: Sequence[int] | np.ndarray) -> int:
         req = pb.AckRequest(table=table, group=group, item_ids=list(map(int, item_ids)))
@@ -230,7 +278,7 @@ class AsyncClient:
 
     async def get(self, table: str, item_ids, *, compress: bool = False) -> SampleBatch:
         req = pb.GetRequest(table=table, item_ids=list(map(int, item_ids)), compress=compress)
-        return _codec.rows([m async for m in self._stream(self._stub.Get, req, None)], with_weights=False)
+        return await self._rows(self._stub.Get, pb.FlightTicket(get=req), req, None, False)
 
     async def stats(self, table: str | None = None) -> dict[str, dict[str, float]]:
         return _codec.stats(await self._call(self._stub.Stats, pb.StatsRequest(table=table or "")))
@@ -239,7 +287,15 @@ class AsyncClient:
         """Run one SELECT on the server (docs/cli.md, "query"): its record batches as they
         arrive, at most ``max_rows`` rows (0: all). The first message is awaited here (it
         carries the schema)."""
-        messages = self._stream(self._stub.Query, pb.QueryRequest(sql=sql, max_rows=max_rows), timeout).__aiter__()
+        request = pb.QueryRequest(sql=sql, max_rows=max_rows)
+        path = await self._flight_path()
+        if path is not None:
+            try:
+                reader = await path.run(path.query, pb.FlightTicket(query=request), self._deadline(timeout))
+                return QueryResult(await path.run(lambda: reader.schema), _flight_batches(path, reader))
+            except _flight.RetryOverGrpc:
+                pass
+        messages = self._stream(self._stub.Query, request, timeout).__aiter__()
         first = arrow_ipc.decode((await messages.__anext__())[1])
 
         async def batches() -> AsyncIterator[pa.RecordBatch]:
@@ -284,6 +340,8 @@ class AsyncClient:
     # -- lifecycle --------------------------------------------------------------------
 
     async def close(self) -> None:
+        if self._flight is not None:
+            self._flight.close()
         await self._channel.close()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -291,6 +349,50 @@ class AsyncClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+    async def _flight_path(self) -> FlightPath | None:
+        """The server's Flight service (asked for once), or None: gRPC only."""
+        if not self.flight:
+            return None
+        if self._flight_checked is None:
+            self._flight_checked = asyncio.ensure_future(self._connect_flight())
+        await asyncio.shield(self._flight_checked)
+        path = self._flight
+        return None if path is None or path.broken else path
+
+    async def _connect_flight(self) -> None:
+        try:
+            info = await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:  # an older server: no Flight
+                self._flight_checked = None  # ask again on the next call
+                raise
+            return
+        if info.flight_port:
+            scheme = "grpc+tls" if info.flight_tls else "grpc+tcp"
+            host = _flight.flight_host(self.target)
+            self._flight = FlightPath(f"{scheme}://{host}:{info.flight_port}", self._metadata, self._tls_root,
+                                      self.message_bytes, self.max_message_bytes)
+
+    async def _rows(self, method, ticket: pb.FlightTicket, request, timeout: float | None,
+                    with_weights: bool) -> SampleBatch:
+        path = await self._flight_path()
+        if path is not None:
+            try:
+                return await self._flight_rows(path, ticket, timeout, with_weights)
+            except _flight.RetryOverGrpc:
+                pass
+        return await self._grpc_rows(method, request, timeout, with_weights)
+
+    async def _flight_rows(self, path: FlightPath, ticket: pb.FlightTicket, timeout: float | None,
+                           with_weights: bool, lock: asyncio.Lock | None = None) -> SampleBatch:
+        if lock is None:
+            return await path.run(path.rows, ticket, self._deadline(timeout), with_weights)
+        async with lock:
+            return await path.run(path.rows, ticket, self._deadline(timeout), with_weights)
+
+    async def _grpc_rows(self, method, request, timeout: float | None, with_weights: bool) -> SampleBatch:
+        return _codec.rows([m async for m in self._stream(method, request, timeout)], with_weights=with_weights)
 
     def _deadline(self, timeout: float | None) -> float:
         # The RPC deadline leaves the server time to answer DEADLINE_EXCEEDED itself.
@@ -301,6 +403,17 @@ class AsyncClient:
 
     def _stream(self, method, request, timeout: float | None):
         return method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+
+
+async def _flight_batches(path: FlightPath, reader) -> AsyncIterator[pa.RecordBatch]:
+    def next_batch() -> pa.RecordBatch | None:
+        try:
+            return reader.read_chunk().data
+        except StopIteration:
+            return None
+
+    while (batch := await path.run(next_batch)) is not None:
+        yield batch
 
 
 async def _insert_result(call: Awaitable) -> InsertResult:

@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from . import _loop
 from ._codec import InsertResult
-from .aio import (DEFAULT_TIMEOUT, MAX_MESSAGE_BYTES, MESSAGE_BYTES, AsyncClient,  # noqa: F401 (re-exported)
-                  make_credentials)
+from .aio import (DEFAULT_TIMEOUT, FLIGHT_MIN_BYTES, MAX_MESSAGE_BYTES, MESSAGE_BYTES,  # noqa: F401
+                  AsyncClient, make_credentials)
 from .batch import SampleBatch
 
 
@@ -46,12 +46,14 @@ class Client:
     def __init__(self, target: str = "127.0.0.1:50051", token: str | None = None, *,
                  tls: bool | str | bytes | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
                  message_bytes: int = MESSAGE_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 channel_options: Sequence[tuple[str, Any]] = ()) -> None:
-        """``channel_options``: extra gRPC channel arguments (e.g. reconnect backoff)."""
+                 channel_options: Sequence[tuple[str, Any]] = (), flight: bool = True,
+                 flight_min_bytes: int = FLIGHT_MIN_BYTES) -> None:
+        """As ``AsyncClient``'s (``flight=False``: gRPC only)."""
         self._loop = _loop.shared()
         self._core: AsyncClient = self._loop.run(_make_core(
             target, token, tls=tls, timeout=timeout, message_bytes=message_bytes,
-            max_message_bytes=max_message_bytes, channel_options=channel_options))
+            max_message_bytes=max_message_bytes, channel_options=channel_options, flight=flight,
+            flight_min_bytes=flight_min_bytes))
 
     @property
     def timeout(self) -> float:
@@ -68,6 +70,11 @@ class Client:
     @property
     def target(self) -> str:
         return self._core.target
+
+    @property
+    def flight_location(self) -> str | None:
+        """As ``AsyncClient.flight_location``."""
+        return self._core.flight_location
 
     create_table = _sync("create_table")
     drop_table = _sync("drop_table")

@@ -87,6 +87,9 @@ class ServerConfig:
     query_temp_bytes: int = 1 << 30  # disk each query may spill to (in <data_dir>/query-tmp)
     query_threads: int = 1  # DuckDB threads of each query
     http_port: int = 0  # the web console (a child process) on this port of host; 0: off
+    flight: bool = True  # serve bulk data over Arrow Flight too (docs/rpc.md, "Arrow Flight")
+    flight_port: int | None = None  # its port; unset: port + 1, or a free one when port is 0
+    flight_waiters: int = 32  # Flight calls that may wait at once (each holds a thread); more go over gRPC
     tokens: tuple[TokenConfig, ...] = ()
     tables: tuple[TableSpec, ...] = field(default_factory=tuple)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
@@ -98,6 +101,13 @@ class ServerConfig:
                             temp_root=str(Path(self.data_dir) / "query-tmp"))
 
     @property
+    def resolved_flight_port(self) -> int:
+        """The Flight port to bind: flight_port, or port + 1 (a free one when port is 0)."""
+        if self.flight_port is not None:
+            return self.flight_port
+        return self.port + 1 if self.port else 0
+
+    @property
     def audit_path(self) -> Path:
         return Path(self.audit_log) if self.audit_log else Path(self.data_dir) / "audit.jsonl"
 
@@ -106,6 +116,10 @@ class ServerConfig:
             raise InvalidArgument(f"port must be in 0..65535, got {self.port}")
         if not 0 <= self.metrics_port <= 65535:
             raise InvalidArgument(f"metrics_port must be in 0..65535 (0: off), got {self.metrics_port}")
+        if self.flight_port is not None and not 0 <= self.flight_port <= 65535:
+            raise InvalidArgument(f"flight_port must be in 0..65535 (0: a free one), got {self.flight_port}")
+        if self.flight_waiters < 1:
+            raise InvalidArgument("flight_waiters must be >= 1")
         if not 0 <= self.http_port <= 65535:
             raise InvalidArgument(f"http_port must be in 0..65535 (0: off), got {self.http_port}")
         if (self.tls_cert is None) != (self.tls_key is None):

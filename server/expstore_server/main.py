@@ -35,6 +35,7 @@ from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, la
 
 from . import config as config_mod
 from .audit import AuditLog
+from .flight import FlightService
 from .auth import Authenticator
 from .clip import LOG_CHARS, clip
 from .metrics import ServerMetrics
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="engine threads (default 2)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
                                                     "of --host (default 0: off)")
+    p.add_argument("--flight-port", type=int, help="port of the Arrow Flight service (bulk data) on --host "
+                                                   "(default: --port + 1, or a free one with --port 0)")
+    p.add_argument("--no-flight", action="store_true", help="serve no Arrow Flight service (gRPC only)")
     p.add_argument("--http-port", type=int, help="serve the web console on this port of --host, in a child "
                                                  "process (default 0: off; docs/console.md)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -103,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace) -> config_mod.ServerConfig:
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir,
                  "workers": args.workers, "log_level": args.log_level, "metrics_port": args.metrics_port,
-                 "http_port": args.http_port,
+                 "http_port": args.http_port, "flight_port": args.flight_port,
+                 "flight": False if args.no_flight else None,
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key}
     cfg = config_mod.load(args.config, overrides)
     if args.remote_uri:
@@ -167,6 +172,9 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
             raise ExpstoreError(f"cannot bind metrics on {cfg.host}:{cfg.metrics_port}: {e}") from None
         log.info("metrics", extra={"host": cfg.host, "port": cfg.metrics_port, "tls": bool(cfg.tls_cert)})
     await server.start()
+    flight = None
+    if cfg.flight:
+        flight = start_flight(cfg, servicer)
     console = None
     if cfg.http_port:
         from .console import child  # the console itself is imported only by the child
@@ -176,12 +184,16 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
             await asyncio.get_running_loop().run_in_executor(None, console.wait_ready)
         except child.ConsoleError as e:
             await server.stop(None)
+            if flight is not None:
+                flight.shutdown()
             store.close()
             raise ExpstoreError(f"cannot start the console on {cfg.host}:{cfg.http_port}: {e}") from None
     for service in ("", SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     remote_health = asyncio.create_task(_report_remote_health(store, health_servicer))
     print(f"expstore-server listening on {cfg.host}:{port}", flush=True)
+    if flight is not None:
+        log.info("flight", extra={"host": cfg.host, "port": flight.port, "tls": bool(cfg.tls_cert)})
     if console is not None:
         print(f"expstore console on {console.url}", flush=True)
         log.info("console", extra={"url": console.url, "pid": console.proc.pid})
@@ -204,12 +216,33 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
         await asyncio.get_running_loop().run_in_executor(None, console.stop)
     stopping = asyncio.create_task(server.stop(cfg.grace_s))
     await servicer.drain()
+    if flight is not None:  # waiting Flight calls end; running ones finish
+        flight.drain()
+        await asyncio.get_running_loop().run_in_executor(None, flight.shutdown)
     await stopping
     metrics.close()
     store.close()
     servicer.close()
     audit.close()
     log.info("stopped", extra={"drain_s": round(time.monotonic() - started, 3)})
+
+
+def start_flight(cfg: config_mod.ServerConfig, servicer: Servicer) -> FlightService:
+    """The Arrow Flight service on ``cfg.host``, with the gRPC port's TLS certificate;
+    advertised by ``GetServerInfo``."""
+    import pyarrow.flight as fl
+
+    scheme = "grpc+tls" if cfg.tls_cert else "grpc+tcp"
+    certs = [fl.CertKeyPair(cert=Path(cfg.tls_cert).read_bytes(), key=Path(cfg.tls_key).read_bytes())] \
+        if cfg.tls_cert else None
+    location = f"{scheme}://{cfg.host}:{cfg.resolved_flight_port}"
+    try:
+        flight = FlightService(location, servicer, tls_certificates=certs, waiters=cfg.flight_waiters)
+    except Exception as e:  # pyarrow's ArrowException or FlightError: cannot bind
+        raise ExpstoreError(f"cannot serve Arrow Flight on {cfg.host}:{cfg.resolved_flight_port}: {e} "
+                            f"(set flight_port, or flight = false)") from None
+    servicer.flight_port, servicer.flight_tls = flight.port, bool(cfg.tls_cert)
+    return flight
 
 
 async def _report_remote_health(store: Store, health_servicer) -> None:

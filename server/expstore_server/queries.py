@@ -6,13 +6,15 @@ pool stays free), at most ``query_workers + query_queue`` are open at once (runn
 waiting for a thread, or streaming to their reader), and one more is refused at once
 with RESOURCE_EXHAUSTED. Each query has its own DuckDB within ``expstore.query.Limits``
 (time, memory, spill, threads); the servicer closes it, interrupting DuckDB, when its
-client goes away. Admission is counted on the event loop thread only.
+client goes away. Admission is counted under a lock (the Flight service's threads
+admit queries too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
@@ -25,6 +27,7 @@ class QueryRunner:
         self.limits = limits
         self._capacity = workers + queue
         self._open = 0
+        self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="query")
         if limits.temp_root is not None:  # spill directories of queries a killed server left
             query.remove_leftover_temp(limits.temp_root)
@@ -32,14 +35,16 @@ class QueryRunner:
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
         """Hold one of the open-query places for the duration of a Query call."""
-        if self._open >= self._capacity:
-            raise ResourceExhausted(f"{self._open} queries are open, the most this server runs at once "
-                                    "(query_workers + query_queue); retry when one has finished")
-        self._open += 1
+        with self._lock:
+            if self._open >= self._capacity:
+                raise ResourceExhausted(f"{self._open} queries are open, the most this server runs at once "
+                                        "(query_workers + query_queue); retry when one has finished")
+            self._open += 1
         try:
             yield
         finally:
-            self._open -= 1
+            with self._lock:
+                self._open -= 1
 
     async def run(self, fn: Callable, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

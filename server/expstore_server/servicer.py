@@ -202,6 +202,7 @@ class Servicer:
         self.queries = QueryRunner(config.query_workers, config.query_queue, config.query_limits)
         self._signals: weakref.WeakKeyDictionary[Table, _ChangeSignal] = weakref.WeakKeyDictionary()
         self._arrivals = Arrivals()
+        self.flight_port, self.flight_tls = 0, False  # set by main once the Flight service listens
 
     # -- tables -----------------------------------------------------------------------
 
@@ -408,6 +409,10 @@ class Servicer:
         call.detail = f"name={info.name} bytes={info.num_bytes}"
         return pb.CheckpointResponse(name=info.name, uri=info.uri, num_bytes=info.num_bytes,
                                      seconds=info.seconds)
+
+    @rpc(ANY_ROLE)
+    async def GetServerInfo(self, request, context, call):
+        return pb.ServerInfo(flight_port=self.flight_port, flight_tls=self.flight_tls)
 
     # -- plumbing ---------------------------------------------------------------------
 

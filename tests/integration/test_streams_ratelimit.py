@@ -269,11 +269,14 @@ def test_a_producers_blocked_inserts_are_stored_in_the_order_it_issued_them(shar
         producer.close()
 
 
-def test_async_producers_blocked_inserts_and_samples_keep_their_order(shared_server, client, table_name):
+@pytest.mark.parametrize("flight", [False, True])
+def test_async_producers_blocked_inserts_and_samples_keep_their_order(shared_server, client, table_name, flight):
     """The same with AsyncClient tasks; then 6 samples fired at an empty queue are served
-    in the order they were issued as items arrive one by one."""
+    in the order they were issued as items arrive one by one. Over gRPC the calls all
+    reach the server and wait in its line in the connection's order; over Flight (every
+    insert sent there) a client's calls go one at a time, in the order they were made."""
     async def run_all():
-        async with AsyncClient(shared_server.address) as producer:
+        async with AsyncClient(shared_server.address, flight=flight, flight_min_bytes=0) as producer:
             for run in range(RUNS):
                 name = f"{table_name}_{run}"
                 client.create_table(name, **QUEUE1)
@@ -285,7 +288,8 @@ def test_async_producers_blocked_inserts_and_samples_keep_their_order(shared_ser
                 await asyncio.gather(*inserts)
                 assert order == list(range(1, 9)), f"run {run}"
                 samples = [asyncio.create_task(producer.sample(name, 1, timeout=30)) for _ in range(6)]
-                assert await asyncio.to_thread(wait_until, lambda: client.stats(name)[name]["sample_queue"] == 6)
+                waiting = 6 if not flight else 1
+                assert await asyncio.to_thread(wait_until, lambda: client.stats(name)[name]["sample_queue"] == waiting)
                 for k in range(1, 7):
                     await asyncio.to_thread(client.insert, name, trajectories(1, id_prefix=f"s{k}-"), timeout=10)
                 assert [keys(b)[0] for b in await asyncio.gather(*samples)] == list(range(1, 7)), f"run {run}"

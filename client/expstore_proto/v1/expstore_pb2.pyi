@@ -450,3 +450,27 @@ class CheckpointResponse(_message.Message):
     num_bytes: int
     seconds: float
     def __init__(self, name: _Optional[str] = ..., uri: _Optional[str] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("flight_port", "flight_tls")
+    FLIGHT_PORT_FIELD_NUMBER: _ClassVar[int]
+    FLIGHT_TLS_FIELD_NUMBER: _ClassVar[int]
+    flight_port: int
+    flight_tls: bool
+    def __init__(self, flight_port: _Optional[int] = ..., flight_tls: _Optional[bool] = ...) -> None: ...
+
+class FlightTicket(_message.Message):
+    __slots__ = ("sample", "stream", "get", "query")
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    GET_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    sample: SampleRequest
+    stream: StreamRequest
+    get: GetRequest
+    query: QueryRequest
+    def __init__(self, sample: _Optional[_Union[SampleRequest, _Mapping]] = ..., stream: _Optional[_Union[StreamRequest, _Mapping]] = ..., get: _Optional[_Union[GetRequest, _Mapping]] = ..., query: _Optional[_Union[QueryRequest, _Mapping]] = ...) -> None: ...

@@ -119,6 +119,11 @@ class ExperienceStoreStub:
                 request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
                 response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
                 _registered_method=True)
+        self.GetServerInfo = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/GetServerInfo',
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ServerInfo.FromString,
+                _registered_method=True)
 
 
 class ExperienceStoreServicer:
@@ -237,6 +242,14 @@ class ExperienceStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetServerInfo(self, request, context):
+        """What a client needs to know of the server (any role): where its Arrow Flight
+        service is, which carries the bulk calls with the same semantics (docs/rpc.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExperienceStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -324,6 +337,11 @@ def add_ExperienceStoreServicer_to_server(servicer, server):
                     servicer.Checkpoint,
                     request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointRequest.FromString,
                     response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.CheckpointResponse.SerializeToString,
+            ),
+            'GetServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerInfo,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ServerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -785,6 +803,33 @@ class ExperienceStore:
             '/expstore.v1.ExperienceStore/Checkpoint',
             expstore__proto_dot_v1_dot_expstore__pb2.CheckpointRequest.SerializeToString,
             expstore__proto_dot_v1_dot_expstore__pb2.CheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/GetServerInfo',
+            expstore__proto_dot_v1_dot_expstore__pb2.GetServerInfoRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.ServerInfo.FromString,
             options,
             channel_credentials,
             insecure,
