@@ -76,7 +76,7 @@ def test_dockerfile_entrypoint_runs_the_server_on_all_interfaces(tmp_path):
     assert cfg.host == "0.0.0.0"
     assert instructions("VOLUME") == [cfg.data_dir]
     exposed = {int(port) for value in instructions("EXPOSE") for port in value.split()}
-    assert exposed == {cfg.port, cfg.metrics_port} and cfg.metrics_port
+    assert exposed == {cfg.port, cfg.resolved_flight_port, cfg.metrics_port} and cfg.metrics_port
 
 
 def test_dockerfile_runs_as_non_root_from_python_slim():
@@ -384,7 +384,9 @@ def test_probes_ask_the_grpc_health_service_on_the_grpc_port(tmp_path):
     _, container = statefulset(objects)
     cfg, _ = k8s_server(objects, tmp_path)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": cfg.port, "metrics": cfg.metrics_port}
+    assert ports == {"grpc": cfg.port, "flight": cfg.resolved_flight_port, "metrics": cfg.metrics_port}
+    service = objects[("Service", "expstore")]  # clients reach the gRPC and the Flight port (GetServerInfo)
+    assert {p["port"] for p in service["spec"]["ports"]} == {cfg.port, cfg.resolved_flight_port, cfg.metrics_port}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["grpc"]["port"] == cfg.port, probe
 
