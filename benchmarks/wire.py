@@ -1,21 +1,26 @@
 """expstore over the wire vs the raw gRPC ceiling, in this process's environment.
 
-For each item size (~36 KiB: ``trajectories(256, tokens=4096)``; ~300 B: tokens=20) and
-each round, four measurements run back to back, so the ceiling and expstore see the same
-machine state on this noisy VM:
+The table is the DEFAULT durable one (``TABLE_KIND``: SSD tier, acknowledged at ``wal``;
+only the sampler, uniform, and ``max_size``, which bounds the run's memory and disk, are
+set). For each item size (~36 KiB: ``trajectories(256, tokens=4096)``; ~300 B:
+tokens=20) and each round, the measurements run back to back, so the ceiling and
+expstore see the same machine state on this noisy VM:
 
 1. raw upload   (``raw_grpc``, client streaming) of the batch's insert messages,
-2. expstore ``Client.insert`` of 256 rows (fresh traj_ids every call; table ``max_size``
-   bounds memory, so steady state includes FIFO eviction),
-3. raw download (server streaming) of the batch's sample messages,
-4. expstore ``Client.sample(256)``, uniform sampler, over the rows inserted in 2.
+2. ``Client.insert`` of 256 rows over gRPC (``flight=False``; fresh traj_ids every call;
+   ``max_size`` makes steady state include FIFO eviction), then with two in flight,
+3. the same over Arrow Flight (``flight_min_bytes=0``: every insert is a DoPut),
+4. raw download (server streaming) of the batch's sample messages,
+5. ``Client.sample(256)`` over gRPC, then with two in flight (``Client.sampler``),
+6. the same over Arrow Flight (DoGet).
 
-The messages are the batch's Arrow IPC streams split as the client
+The raw messages are the batch's Arrow IPC streams split as the client
 (``expstore_client.client.MESSAGE_BYTES``) and the server (``ServerConfig.message_bytes``)
 split them, so both sides move the same bytes in the same message sizes. Throughput =
 batches of all calls / sum of call times (client-side wall clock, one sync client, one
 call at a time); MB/s counts IPC bytes. Sample latency p50/p99 pools every 36 KiB sample
-call of all rounds (>= 200 calls). Prints JSON; ``run`` starts it once per environment.
+call of all rounds (>= 200 calls), per path. Prints JSON; ``run`` starts it once per
+environment.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from . import raw_grpc, server
 BATCH = 256
 SIZES = {"36KiB": 4096, "300B": 20}  # label -> tokens per row
 MAX_ITEMS = {"36KiB": 8192, "300B": 200_000}  # table max_size (~300 MB and ~60 MB)
+TABLE_KIND = "default durable (ssd tier, wal)"
+PATHS = ("grpc", "flight")  # Client(flight=False), and Client over Arrow Flight for every call
 
 
 def message_sizes(data: pa.Table, message_bytes: int) -> list[int]:
@@ -127,39 +134,48 @@ def _median(rounds: list[dict]) -> dict:
 def run(quick: bool) -> dict:
     rounds, seconds, latency_calls = (1, 1.5, 200) if quick else (5, 2.0, 250)
     client_mb, server_mb = client_mod.MESSAGE_BYTES, ServerConfig().message_bytes
-    result = {"message_bytes": {"client": client_mb, "server": server_mb}, "sizes": {}}
+    result = {"message_bytes": {"client": client_mb, "server": server_mb}, "table": TABLE_KIND, "sizes": {}}
     with raw_grpc.start() as raw_srv, server.start_expstore() as exp_srv:
         raw = raw_grpc.RawClient(raw_srv.address)
-        client = Client(exp_srv.address)
+        clients = {"grpc": Client(exp_srv.address, flight=False),
+                   "flight": Client(exp_srv.address, flight_min_bytes=0)}
         for label, tokens in SIZES.items():
             data = trajectories(BATCH, tokens=tokens)
             up, down = message_sizes(data, client_mb), message_sizes(data, server_mb)
             table = f"bench_{label}"
-            client.create_table(table, sampler="uniform", max_size=MAX_ITEMS[label], memory_bytes=16 << 30)
+            clients["grpc"].create_table(table, sampler="uniform", max_size=MAX_ITEMS[label])
             up_msgs = [bytes(np.random.default_rng(0).integers(0, 256, s, dtype=np.uint8)) for s in up]
-            per = {"raw_upload": [], "insert": [], "insert x2": [], "raw_download": [], "sample": [],
-                   "sample x2": []}
+            per: dict[str, list] = {"raw_upload": [], "raw_download": []}
             for r in range(rounds):
                 per["raw_upload"].append(raw_grpc.rate(raw.upload, up_msgs, sum(up), seconds, 5))
-                per["insert"].append(insert_rate(client, table, data, sum(up), seconds, f"{label}-{r}"))
-                per["insert x2"].append(insert_rate_pipelined(client, table, data, sum(up), seconds, f"{label}-{r}"))
+                for path, client in clients.items():
+                    op = "insert" if path == "grpc" else "insert flight"
+                    per.setdefault(op, []).append(insert_rate(client, table, data, sum(up), seconds,
+                                                              f"{label}-{r}-{path}"))
+                per.setdefault("insert x2", []).append(
+                    insert_rate_pipelined(clients["grpc"], table, data, sum(up), seconds, f"{label}-{r}"))
                 per["raw_download"].append(raw_grpc.rate(raw.download, down, sum(down), seconds, 5))
                 min_calls = math.ceil(latency_calls / rounds) if label == "36KiB" else 5
-                per["sample"].append(sample_rate(client, table, sum(down), seconds, min_calls))
-                per["sample x2"].append(sample_rate_prefetch(client, table, sum(down), seconds))
-            latencies = np.array([t for r in per["sample"] for t in r.pop("latencies_s")])
+                for path, client in clients.items():
+                    op = "sample" if path == "grpc" else "sample flight"
+                    per.setdefault(op, []).append(sample_rate(client, table, sum(down), seconds, min_calls))
+                per.setdefault("sample x2", []).append(sample_rate_prefetch(clients["grpc"], table, sum(down),
+                                                                            seconds))
+            latency = {}
+            for op in ("sample", "sample flight"):
+                times = np.array([t for r in per[op] for t in r.pop("latencies_s")])
+                latency[op] = {"calls": len(times), "p50": float(np.percentile(times, 50) * 1e3),
+                               "p99": float(np.percentile(times, 99) * 1e3)}
             for k in ("raw_upload", "raw_download"):
                 for r in per[k]:
                     r["items_per_s"] = r["batches_per_s"] * BATCH
             result["sizes"][label] = {
                 "tokens": tokens, "arrow_bytes_per_row": data.nbytes / BATCH,
                 "batch_ipc_bytes": sum(up), "upload_messages": up, "download_messages": down,
-                **{k: _median(v) for k, v in per.items()},
-                "sample_latency_ms": {"calls": len(latencies),
-                                      "p50": float(np.percentile(latencies, 50) * 1e3),
-                                      "p99": float(np.percentile(latencies, 99) * 1e3)},
+                **{k: _median(v) for k, v in per.items()}, "sample_latency_ms": latency,
             }
-        client.close()
+        for client in clients.values():
+            client.close()
         raw.close()
     return result
 
