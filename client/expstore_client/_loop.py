@@ -23,6 +23,7 @@ class LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="expstore-client-loop", daemon=True)
+        self._closing: set[asyncio.Task] = set()  # closes started on the loop (iterate), held until done
         self._thread.start()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -55,7 +56,13 @@ class LoopThread:
         finally:
             close = getattr(iterator, "aclose", None)
             if close is not None:
-                self.run(close())
+                if threading.current_thread() is self._thread:
+                    # Garbage-collected on the loop's own thread, which cannot wait for itself.
+                    task = self.loop.create_task(close())
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
+                else:
+                    self.run(close())
 
 
 async def _anext(iterator: AsyncIterator[T]) -> T:
