@@ -51,6 +51,7 @@ from expstore.table import Rows, Table
 
 from .auth import Authenticator, Principal
 from .clip import MESSAGE_CHARS, clip
+from . import convert
 from .convert import RESPONSE_FRAMING, ids_of
 from .errors import status_of
 
@@ -169,7 +170,8 @@ class FlightService(fl.FlightServerBase):
     def _sample(self, request: pb.SampleRequest, call, context) -> Rows:
         table = self._servicer.store.table(request.table)
         step = request.step if request.HasField("step") else None
-        return self._admit(table, "sample", lambda turn: table.try_sample(request.batch_size, turn, step),
+        versions = convert.version_ranges(request.data_versions)
+        return self._admit(table, "sample", lambda turn: table.try_sample(request.batch_size, turn, step, versions),
                            request.timeout_s, context, turn=table.turn("sample"))
 
     def _stream(self, request: pb.StreamRequest, call, context) -> Rows:
