@@ -203,10 +203,13 @@ class ShardedClient:
     # -- rows out ---------------------------------------------------------------------
 
     def sample(self, table: str, batch_size: int, *, timeout: float | None = None,
-               compress: bool = False, step: int | None = None) -> SampleBatch:
+               compress: bool = False, step: int | None = None,
+               data_versions: Mapping[str, tuple[int | None, int | None]] | None = None) -> SampleBatch:
         """Sample over the union of the shards that are up (see ``_union``): probabilities
         and importance weights are the union's. With ``step``, each shard records the
-        manifest of its part."""
+        manifest of its part. ``data_versions`` (as in ``Client.sample``) restricts each
+        shard's part; the batch is split across shards by their whole sizes (rows are
+        spread over shards by hash, so each shard holds about its share of every version)."""
         union = UnionSampler.of(table, self._info(table).config.get("sampler", {}))
         units = union.units(batch_size)
         stats, failures = self._table_stats(table)
@@ -221,7 +224,8 @@ class ShardedClient:
                 raise ShardError(f"table {table!r}: sample: no shard is up", {self.shards[k]: e for k, e in failures.items()})
             asked = [int(k) for k in np.flatnonzero(todo)] or [int(np.flatnonzero(up)[0])]
             done, failed = self._each(lambda k: self._clients[k].sample(
-                table, int(todo[k]) * union.group_size, timeout=timeout, compress=compress, step=step), asked)
+                table, int(todo[k]) * union.group_size, timeout=timeout, compress=compress, step=step,
+                data_versions=data_versions), asked)
             self._raise_unless_down(f"table {table!r}: sample", failed)
             parts += sorted(done.items())
             taken[list(done)] += todo[list(done)]
