@@ -46,10 +46,10 @@ from ._targets import resolve
 from ._union import UnionSampler
 from .batch import SampleBatch
 from .client import DEFAULT_TIMEOUT, MAX_MESSAGE_BYTES, MESSAGE_BYTES, Client, InsertFuture
+from .reward_audit import reward_audit
 
 T = TypeVar("T")
 STREAM_WAIT_SLICE_S = 0.25  # longest wait on empty shards before polling them all again
-AUDIT_STREAM_S = 86_400.0   # an audit reads its rows as its workers take them
 
 
 def is_down(error: grpc.RpcError) -> bool:
@@ -365,35 +365,10 @@ class ShardedClient:
               progress: bool | None = None):
         """Recompute rewards over every shard's rows (``expstore.audit``, one worker pool)
         into one report whose results carry a ``shard`` column. ``limit``: the rows with
-        the lowest item ids, ties across shards by shard name."""
-        try:
-            from expstore import audit as audit_mod
-        except ImportError:
-            raise ImportError("ShardedClient.audit recomputes rewards with expstore.audit, part of the expstore "
-                              "distribution (the server's), not expstore-client: pip install ./client -e . "
-                              "from a checkout") from None
-
-        quoted = '"' + table.replace('"', '""') + '"'
-        cond = f" WHERE {where}" if where else ""
-        total = pc.sum(self.query_table(f"SELECT count(*) AS n FROM {quoted}{cond}").column("n")).as_py() or 0
-        if limit is None:
-            reader = self.query(f"SELECT * FROM {quoted}{cond}", timeout=AUDIT_STREAM_S)
-        else:
-            rows = self.query_table(f"SELECT * FROM {quoted}{cond} ORDER BY item_id LIMIT {int(limit)}")
-            first = pc.sort_indices(rows, [("item_id", "ascending"), (_merge.SHARD_COLUMN, "ascending")])[:limit]
-            rows = rows.take(first)
-            reader, total = pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches()), min(total, limit)
-        shard_of_row: list[pa.Array] = []
-
-        def batches() -> Iterator[pa.RecordBatch]:
-            for batch in reader:
-                shard_of_row.append(batch.column(_merge.SHARD_COLUMN))
-                yield batch.drop_columns([_merge.SHARD_COLUMN])
-
-        report = audit_mod.audit(batches(), reward, tolerance=tolerance, workers=workers, timeout=item_timeout,
-                                 total=total, progress=progress)
-        shards = pa.concat_arrays(shard_of_row) if shard_of_row else pa.array([], pa.string())
-        return dataclasses.replace(report, results=report.results.append_column(_merge.SHARD_COLUMN, shards))
+        the lowest item ids, ties across shards by shard name (``reward_audit``)."""
+        return reward_audit(lambda sql, timeout: self.query(sql, timeout=timeout), table, reward, where=where,
+                            limit=limit, tolerance=tolerance, workers=workers, item_timeout=item_timeout,
+                            progress=progress)
 
     # -- training cuts and checkpoints ------------------------------------------------
 
