@@ -15,6 +15,7 @@ import threading
 import grpc
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from scipy import stats as sps
 
@@ -264,6 +265,33 @@ def test_the_cli_takes_a_list_of_shards(client, table):
     assert len(lines) == 3 and all(line.startswith(f"shard {s}: checkpoint sharded: ")
                                    for line, s in zip(lines, client.shards))
 
+
+
+def test_the_cli_audits_the_union_of_the_shards_as_the_sharded_client_does(client, table, tmp_path, monkeypatch):
+    """One selection for ``expstore audit --server a,b,c`` and ``ShardedClient.audit``:
+    --limit takes the lowest item ids over all shards (not the first shard's rows), the
+    reward function never sees the ``shard`` column, and the results carry it."""
+    (tmp_path / "union_rewards.py").write_text(textwrap.dedent("""
+        def stored(row):
+            assert "shard" not in row, "the reward function saw the shard column"
+            return row["reward"]
+    """))
+    client.create_table(table)
+    client.insert(table, uneven_rows(client, (2, 5, 3), "u"))
+    out = tmp_path / "results.parquet"
+    p = subprocess.run([sys.executable, "-m", "expstore_server.cli", "--server", ",".join(client.shards), "audit",
+                        table, "--reward", "union_rewards:stored", "--limit", "4", "--workers", "1",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    by_cli = pq.read_table(out).select(["source_item_id", "shard", "status"]).to_pylist()
+    lowest = sorted(((i, s) for s in client.shards
+                     for i in client.shard(s).query_table(f"SELECT item_id FROM {table}").column(0).to_pylist()))[:4]
+    assert [(r["source_item_id"], r["shard"]) for r in by_cli] == lowest
+    assert {r["status"] for r in by_cli} == {"ok"}
+    monkeypatch.syspath_prepend(str(tmp_path))
+    by_client = client.audit(table, "union_rewards:stored", limit=4, workers=1).results
+    assert by_client.select(["source_item_id", "shard"]).to_pylist() == [
+        {"source_item_id": i, "shard": s} for i, s in lowest]
 
 # -- a shard down, and back ------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Reward audits in the console: results tables, their reports, and running one.
 
-An audit is ``expstore.audit`` run by the CLI's ``run_audit`` (the same code as
+An audit is ``expstore.audit`` run by the CLI's ``run_reward_audit`` (the same code as
 ``expstore audit``); its results go to a generic table of the store (``expstore audit
 --out TABLE`` writes the same rows), so every audit stays queryable and linkable. A
 results table is any table whose columns include ``expstore.audit.RESULT_SCHEMA``'s.
@@ -112,8 +112,8 @@ class Runner:
         try:
             # the results table first: a token without admin is refused before any work
             session.client.create_table(out, kind="generic", schema=audit_mod.RESULT_SCHEMA, if_not_exists=True)
-            rep = cli.run_audit(session.backend, table, reward, where=where, limit=limit, tolerance=tolerance,
-                                workers=self.workers, progress=False)
+            rep = cli.run_reward_audit(session.backend, table, reward, where=where, limit=limit,
+                                       tolerance=tolerance, workers=self.workers, progress=False)
             if rep.results.num_rows:
                 session.backend.save(out, rep.results)
         finally:
