@@ -1,5 +1,5 @@
 """Trajectory protocol v1: the Arrow schema, conforming client data to a table's schema,
-and validating trajectories (DESIGN.md §2).
+and validating trajectories (docs/architecture.md, "Trajectory protocol v1").
 
 :func:`table_schema` gives a table's full schema at creation; on every insert,
 :func:`conform` turns what a client sent into exactly that schema (safe casts, nulls for
@@ -60,7 +60,7 @@ TRAJECTORY_V1 = pa.schema([
     pa.field("finish_reason", pa.string(), nullable=False),
     pa.field("metadata", pa.string()),  # JSON text, not parsed by the engine
 ])
-"""Protocol v1 (DESIGN.md §2). Non-nullable fields are the required columns."""
+"""Protocol v1 (docs/architecture.md#trajectory-protocol-v1). Non-nullable fields are the required columns."""
 
 # Typed scalars: a bare Python int in a compute call costs ~45 us (pyarrow tries a failing
 # dateutil import under the import lock each time).

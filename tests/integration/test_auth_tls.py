@@ -1,4 +1,4 @@
-"""Bearer tokens with roles, the audit log, and TLS (DESIGN.md §5)."""
+"""Bearer tokens with roles, the audit log, and TLS (docs/architecture.md#wire)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every error code over the wire, with a message naming what is at fault, and nothing
-half-applied afterwards (DESIGN.md §5)."""
+half-applied afterwards (docs/architecture.md#wire)."""
 
 from __future__ import annotations
 
