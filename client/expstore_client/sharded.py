@@ -34,7 +34,6 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 import grpc
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from expstore_proto.v1 import expstore_pb2 as pb
 
