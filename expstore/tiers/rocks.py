@@ -609,14 +609,18 @@ class RocksTier:
         return dict(zip(wanted, batches)), keys, local
 
     def delete(self, chunk_ids: Iterable[int]) -> None:
+        """Delete chunks. Those of a column family already dropped (an insert abandoned
+        after DropTable took its table's family) went with it: only forgotten."""
         wb = WriteBatch(raw_mode=True)
-        gone = []
+        gone, writes = [], False
         for c in chunk_ids:
-            wb.delete_range(self._key(c, 0), self._key(c + 1, 0), self.db.handle[self._family_of(c)])
+            family = self.db.handle.get(self._family_of(c))
+            if family is not None:
+                wb.delete_range(self._key(c, 0), self._key(c + 1, 0), family)
+                writes = True
             gone.append(c)
-        if not gone:
-            return
-        self.db.write(wb, "wal")
+        if writes:
+            self.db.write(wb, "wal")
         for c in gone:
             self._forget(c)
 

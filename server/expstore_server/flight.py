@@ -45,7 +45,7 @@ import pyarrow.flight as fl
 
 from expstore import query
 from expstore.admission import Admission, Wait
-from expstore.errors import DeadlineExceeded, ExpstoreError, InvalidArgument, Unavailable
+from expstore.errors import DeadlineExceeded, ExpstoreError, InvalidArgument, ResourceExhausted, Unavailable
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.table import Rows, Table
 
@@ -144,8 +144,8 @@ class FlightService(fl.FlightServerBase):
         for chunk in reader:  # each record batch as it arrives, so a huge upload is refused early
             batch = chunk.data
             received += batch.nbytes
-            if batch.nbytes > max_bytes:
-                raise InvalidArgument(f"table {request.table!r}: insert batch {len(batches)} takes {batch.nbytes} "
+            if batch.nbytes > max_bytes:  # RESOURCE_EXHAUSTED, as gRPC answers a message over its limit
+                raise ResourceExhausted(f"table {request.table!r}: insert batch {len(batches)} takes {batch.nbytes} "
                                       f"bytes, more than max_message_bytes ({max_bytes}); send smaller batches")
             batches.append(batch)
         call.bytes_in = received
