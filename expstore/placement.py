@@ -35,8 +35,6 @@ from .tiers.checksums import RemoteChecksums
 from .tiers.memory import MemoryTier
 from .tiers.rocks import Layout, RocksTier
 
-_KEY_SHIFT = 20  # SSD block keys are chunk << 20 | block; whole chunks are keyed -1 - chunk
-
 
 @dataclass
 class Staged:

@@ -104,11 +104,6 @@ class TaskMixture(Selector):
                     out[f"task.{name}.{k}"] = out.get(f"task.{name}.{k}", 0) + v
         return out
 
-    def children(self) -> dict[int, Selector]:
-        """The child selector of each task code seen so far (its data version 0 child, or
-        its lowest version's)."""
-        return {code: children[min(children)] for code, children in self._by_task().items()}
-
     def _by_task(self) -> dict[int, dict[int, Selector]]:
         out: dict[int, dict[int, Selector]] = {}
         for (code, version), child in sorted(self._children.items()):
