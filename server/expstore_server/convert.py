@@ -78,16 +78,22 @@ def rows_to_messages(rows: Rows, *, compress: bool, message_bytes: int) -> list[
     out, start = [], 0
     for part in arrow_ipc.split_rows(rows.data, message_bytes):
         end = start + part.num_rows
-        meta = pb.RowsResponse(
-            item_ids=rows.item_ids[start:end].tolist(), priorities=rows.priorities[start:end].tolist(),
-            times_sampled=rows.times_sampled[start:end].tolist(),
-            policy_versions=rows.policy_versions[start:end].tolist())
-        if rows.probabilities is not None:
-            meta.probabilities.extend(rows.probabilities[start:end].tolist())
-            meta.weights.extend(rows.weights[start:end].tolist())
-        out.append(framing.encode(meta, ROWS_PAYLOAD, arrow_ipc.encode(part, compress=compress)))
+        out.append(framing.encode(rows_facts(rows, start, end), ROWS_PAYLOAD, arrow_ipc.encode(part, compress=compress)))
         start = end
     return out
+
+
+def rows_facts(rows: Rows, start: int, end: int) -> pb.RowsResponse:
+    """What travels beside rows ``start:end``'s data: ids, priorities, counts, versions,
+    and a sample's probabilities and weights."""
+    meta = pb.RowsResponse(
+        item_ids=rows.item_ids[start:end].tolist(), priorities=rows.priorities[start:end].tolist(),
+        times_sampled=rows.times_sampled[start:end].tolist(),
+        policy_versions=rows.policy_versions[start:end].tolist())
+    if rows.probabilities is not None:
+        meta.probabilities.extend(rows.probabilities[start:end].tolist())
+        meta.weights.extend(rows.weights[start:end].tolist())
+    return meta
 
 
 RESPONSE_FRAMING = 64 << 10

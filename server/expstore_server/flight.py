@@ -324,13 +324,7 @@ def _rows_stream(rows: Rows, compress: bool, message_bytes: int) -> fl.FlightDat
         start = 0
         for part in arrow_ipc.split_rows(rows.data, message_bytes):
             end = start + part.num_rows
-            meta = pb.RowsResponse(
-                item_ids=rows.item_ids[start:end].tolist(), priorities=rows.priorities[start:end].tolist(),
-                times_sampled=rows.times_sampled[start:end].tolist(),
-                policy_versions=rows.policy_versions[start:end].tolist())
-            if rows.probabilities is not None:
-                meta.probabilities.extend(rows.probabilities[start:end].tolist())
-                meta.weights.extend(rows.weights[start:end].tolist())
+            meta = convert.rows_facts(rows, start, end)
             for batch in (part.to_batches() if isinstance(part, pa.Table) else [part]) or \
                     [pa.RecordBatch.from_pylist([], rows.data.schema)]:
                 yield batch, pa.py_buffer(meta.SerializeToString())
