@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import grpc
 import numpy as np
 import pyarrow as pa
+from expstore_client.retry import retry_unavailable
 
 from .batching import Rollouts, from_sample_batch
 from .distributed import Dist
@@ -215,16 +216,8 @@ class StoreSource:
 
     def _retry(self, what: str, call: Callable[[], T]) -> T:
         """``call()``, retried while the store answers UNAVAILABLE, up to store_retry_s."""
-        deadline, delay = time.monotonic() + self.cfg.store_retry_s, 0.1
-        while True:
-            try:
-                return call()
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
-                    raise
-                log.warning("table %r: %s: the store is unavailable; retrying", self.cfg.table, what)
-                time.sleep(delay)
-                delay = min(2 * delay, 1.0)
+        return retry_unavailable(call, self.cfg.store_retry_s, lambda e: log.warning(
+            "table %r: %s: the store is unavailable; retrying", self.cfg.table, what))
 
 
 def take(batch: SampleBatch, index: np.ndarray) -> SampleBatch:

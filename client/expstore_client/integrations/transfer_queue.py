@@ -60,6 +60,7 @@ from transfer_queue.storage.managers.base import KVStorageManager, StorageManage
 from transfer_queue.utils.zmq_utils import ZMQServerInfo
 
 from .. import Client
+from ..retry import retry_unavailable
 from . import _values
 
 log = logging.getLogger("expstore.transfer_queue")
@@ -135,17 +136,8 @@ def _plain(config: Any) -> dict[str, Any]:
 
 def retrying(settings: Settings, call: Callable[[], T]) -> T:
     """``call()``, again while the server answers UNAVAILABLE, for up to ``retry_s``."""
-    deadline = time.monotonic() + settings.retry_s
-    delay = 0.1
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
-                raise
-            log.warning("expstore at %s unavailable (%s); retrying", settings.target, e.details())
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    return retry_unavailable(call, settings.retry_s, lambda e: log.warning(
+        "expstore at %s unavailable (%s); retrying", settings.target, e.details()))
 
 
 def split_key(key: str) -> tuple[int, str]:
