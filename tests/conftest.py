@@ -14,6 +14,11 @@ from pathlib import Path
 
 import pytest
 
+# Every Ray cluster a test starts (TransferQueue's, the launcher's, verl's) takes 127.0.0.1
+# as its node address, not the machine's other one: Ray reads this once, at `import ray`,
+# and test modules import ray when they are collected.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 
 @dataclass
 class ServerProcess:

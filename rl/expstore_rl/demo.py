@@ -120,6 +120,7 @@ def start_server(data_dir: Path, console_port: int = 0) -> tuple[subprocess.Pope
     line = proc.stdout.readline()
     if not line.startswith("expstore-server listening on "):
         proc.kill()
+        proc.wait()  # its data dir is free again
         raise RuntimeError(f"expstore-server did not start: {line!r}")
     url = proc.stdout.readline().rsplit(" ", 1)[1].strip() if console_port else None
     return proc, line.rsplit(" ", 1)[1].strip(), url
@@ -190,8 +191,14 @@ def run(argv: list[str] | None = None) -> dict:
         print(f"warm-up: {steps} supervised steps, loss {loss:.3f}; published v0", flush=True)
 
         # 1, 3, 4. server, table, producers; train here
-        server, address, console = start_server(Path(tmp) / "data",
-                                                free_port(a.console_port) if a.console_port else 0)
+        try:
+            server, address, console = start_server(Path(tmp) / "data",
+                                                    free_port(a.console_port) if a.console_port else 0)
+        except RuntimeError:
+            if not a.console_port:
+                raise
+            # another process took the console's port between free_port and the server's bind
+            server, address, console = start_server(Path(tmp) / "data", free_port(0))
         try:
             cfg.target = address
             s = settings

@@ -35,7 +35,7 @@ def test_the_demo_runs_your_model_env_and_reward(tmp_path, hf_model_dir):
     here = Path(__file__).resolve().parent  # tests/rl/user_code.py
     cmd = [sys.executable, "-m", "expstore_rl.demo", "--model", str(hf_model_dir), "--env", "user_code:Countdown",
            "--reward", "user_code:marked", "--steps", "3", "--producers", "1", "--warmup-steps", "5",
-           "--group-size", "2", "--groups-per-step", "2", "--out", str(tmp_path)]
+           "--group-size", "2", "--groups-per-step", "2", "--console-port", "0", "--out", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

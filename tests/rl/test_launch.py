@@ -30,7 +30,6 @@ def produced(stats: dict) -> int:
 
 @pytest.fixture
 def local_ray(monkeypatch):
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only; read at `import ray`
     monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "120")  # its 30 s ran out on a loaded machine
     import ray
 
