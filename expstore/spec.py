@@ -141,6 +141,32 @@ class RoutedExpertsSpec:
 
 
 @dataclass(frozen=True)
+class PacingSpec:
+    """Admission-paced staleness (expstore/pacing.py): producers reserve before they
+    start a rollout, and a reservation of n rows is granted while ``admitted + n <=
+    (policy_version + max_staleness + 1) * rollouts_per_version``; nothing is removed for
+    staleness. Needs ``max_staleness`` (the bound) and a trajectory table, which gets the
+    column ``reservation_id`` (uint64): every inserted row names its reservation.
+
+    rollouts_per_version: rows the trainer consumes per policy version (its batch size
+        when it sets a new version after every step).
+    lease_s: a reservation not settled by inserts within this many seconds (wall clock)
+        expires and its unused rows return to the pace (a producer that died); a
+        Reserve call may ask for another lease.
+    """
+
+    rollouts_per_version: int
+    lease_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.rollouts_per_version, int) and not isinstance(self.rollouts_per_version, bool)
+                 and self.rollouts_per_version >= 1, "pacing.rollouts_per_version must be an integer >= 1")
+        _require(isinstance(self.lease_s, (int, float)) and not isinstance(self.lease_s, bool)
+                 and math.isfinite(self.lease_s) and self.lease_s > 0,
+                 "pacing.lease_s must be a finite number of seconds > 0")
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """Everything a table is created with.
 
@@ -152,7 +178,8 @@ class TableSpec:
     max_size: items live for sampling; at the limit the remover makes room.
     max_times_sampled: an item is removed after this many samples (0: never).
     max_staleness: with policy version v set, items with policy_version < v -
-        max_staleness are removed from the table (never sampled or streamed).
+        max_staleness are removed from the table (never sampled or streamed); with
+        ``pacing``, the bound of the pace instead, and nothing is removed.
     memory_bytes: byte budget of the memory tier (a hard limit for volatile tables, a
         cache size for durable ones).
     tiers: "memory" (volatile: lost on restart), "ssd" (memory + RocksDB: durable,
@@ -180,6 +207,7 @@ class TableSpec:
         INGEST_CHECKS (expstore/ingest_checks.py). "extends" adds the ``episode_id`` column.
     routed_experts: trajectory tables; adds the ``routed_experts`` column (see
         RoutedExpertsSpec).
+    pacing: admission-paced staleness instead of eviction (see PacingSpec).
     """
 
     name: str
@@ -204,6 +232,7 @@ class TableSpec:
     group_timeout_action: str = "release"
     ingest_checks: tuple[str, ...] | None = None
     routed_experts: RoutedExpertsSpec | None = None
+    pacing: PacingSpec | None = None
 
     def __post_init__(self) -> None:
         names.check_table(self.name)
@@ -255,11 +284,17 @@ class TableSpec:
             object.__setattr__(self, "routed_experts", _build("routed_experts", RoutedExpertsSpec, self.routed_experts))
         if self.routed_experts is not None:
             _require(self.kind == "trajectory", "routed_experts applies to trajectory tables (one entry per token)")
+        if isinstance(self.pacing, dict):
+            object.__setattr__(self, "pacing", _build("pacing", PacingSpec, self.pacing))
+        if self.pacing is not None:
+            _require(self.kind == "trajectory", "pacing applies to trajectory tables (rows name their reservation)")
+            _require(self.max_staleness is not None, "pacing needs max_staleness (the bound it paces admission by)")
 
     def engine_columns(self) -> list[pa.Field]:
         """Columns the config adds to a trajectory table's schema (after protocol v1 and
-        ``schema``): ``routed_experts``, ``episode_id`` (ingest check "extends") and the
-        server-filled ``group_released_partial`` (group timeouts)."""
+        ``schema``): ``routed_experts``, ``episode_id`` (ingest check "extends"), the
+        server-filled ``group_released_partial`` (group timeouts) and ``reservation_id``
+        (pacing)."""
         out = []
         if self.routed_experts is not None:
             out.append(pa.field("routed_experts", self.routed_experts.arrow_type))
@@ -267,6 +302,8 @@ class TableSpec:
             out.append(pa.field("episode_id", pa.string()))
         if self.group_timeout_s is not None:
             out.append(pa.field("group_released_partial", pa.bool_()))
+        if self.pacing is not None:
+            out.append(pa.field("reservation_id", pa.uint64()))
         return out
 
     def resolved(self, durable: bool) -> "TableSpec":
@@ -297,6 +334,8 @@ class TableSpec:
             d["rate_limiter"] = _build("rate_limiter", RateLimiterSpec, d["rate_limiter"])
         if isinstance(d.get("routed_experts"), dict):
             d["routed_experts"] = _build("routed_experts", RoutedExpertsSpec, d["routed_experts"])
+        if isinstance(d.get("pacing"), dict):
+            d["pacing"] = _build("pacing", PacingSpec, d["pacing"])
         if isinstance(d.get("ingest_checks"), list):
             d["ingest_checks"] = tuple(d["ingest_checks"])
         try:

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import group_timeouts, ingest_checks, names, routed
+from . import group_timeouts, ingest_checks, names, pacing, routed
 from . import schema as protocol
 from .errors import (DataLoss, DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
                      NotFound, ResourceExhausted, Unavailable)
@@ -56,6 +56,7 @@ from .ingest_checks import Checks, Lineage, References
 from .index import COLUMNS, ItemIndex
 from .journal import Journal
 from .keys import KeyRegistry
+from .pacing import Pacing, Reservation
 from .placement import Placement, ReadPlan, Staged
 from .quarantine import Event, Quarantine
 from .ratelimit import RateLimiter
@@ -96,6 +97,7 @@ class PreparedInsert:
     episodes: np.ndarray | None = None  # int64 episode hashes (ingest_checks.episode_hashes)
     data_versions: np.ndarray | None = None  # int64, the rows' data_version column
     references: References | None = None  # what the ingest checks compared the rows with
+    reservations: np.ndarray | None = None  # uint64, the rows' reservation_id (pacing)
 
     @property
     def num_rows(self) -> int:
@@ -191,7 +193,7 @@ class Table:
         self._checks = Checks(spec.ingest_checks, spec.name) if spec.ingest_checks else None
         self._lineage = Lineage()
         self._versioned = "data_version" in self.schema.names and spec.sampler.mixed
-        self._lines = {"insert": Line(), "sample": Line()}  # blocked calls, first come first served
+        self._lines = {"insert": Line(), "sample": Line(), "reserve": Line()}  # blocked calls, first come first served
         self._consumers: dict[str, ConsumerGroup] = {}
         self._manifests: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._prefetch_pool: ThreadPoolExecutor | None = None
@@ -202,6 +204,8 @@ class Table:
         self._touches = 0  # inserts and priority updates so far: the index's "touched" column
         self.policy_version = 0
         self.counters: Counter[str] = Counter()
+        self._pacing = Pacing(spec.pacing.rollouts_per_version, spec.max_staleness, spec.pacing.lease_s,
+                              spec.name, self.counters) if spec.pacing is not None else None
         # Items returned by sample / stream per staleness bucket (the last: beyond them all).
         self._staleness = {op: np.zeros(len(STALENESS_BUCKETS) + 1, np.int64) for op in ("sample", "stream")}
 
@@ -253,7 +257,8 @@ class Table:
                 groups=groups, group_sizes=group_sizes, tasks=whole.column("task"),
                 rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy(),
                 durability=durability, episodes=episodes, references=references,
-                data_versions=self._data_versions(whole))
+                data_versions=self._data_versions(whole),
+                reservations=None if self._pacing is None else self._pacing.check_rows(whole.column(pacing.COLUMN), 0))
         else:
             prep = PreparedInsert(
                 batches=batches, keys=keys, priorities=pr, policy_versions=np.zeros(n, np.int64),
@@ -444,8 +449,10 @@ class Table:
         tasks = prep.tasks.take(pa.array(new_rows)) if prep.tasks is not None else None
         keys = [prep.keys[i] for i in new_rows.tolist()] if prep.keys is not None else None
         new_ids = np.arange(self._index.next_id, self._index.next_id + n_new, dtype=np.uint64)
+        reservations = None if prep.reservations is None else prep.reservations[new_rows]
         if self._journal is not None:  # logged first: a failed write changes nothing
             self._log("insert", durability, insert_durability=durability, ids=new_ids, stored=store[new_rows],
+                      **({} if reservations is None else {"reservations": reservations}),
                       keys=keys, groups=None if groups is None else groups.to_pylist(),
                       tasks=None if tasks is None else tasks.to_pylist(),
                       victims=self._index["id"][victims], **rows)
@@ -455,6 +462,8 @@ class Table:
         for lo, hi, s in chunks:
             self._chunks.add(s, live=int(store[lo:hi].sum()))
         ids[new_rows] = new_ids
+        if reservations is not None:
+            self._pacing.settle(reservations)
         self._add_items(new_ids, rows, groups, tasks, keys, store[new_rows], late[new_rows])
         if prep.references is not None:
             kept = store[new_rows]
@@ -595,7 +604,11 @@ class Table:
 
     def _tick(self) -> None:
         """Settle the groups whose timeout passed (lock held): journaled, then applied."""
-        if self._timeouts is None or self._closed:
+        if self._closed:
+            return
+        if self._pacing is not None:
+            self._expire_reservations()
+        if self._timeouts is None:
             return
         due = self._timeouts.due(self._wall_clock())
         if len(due) == 0:
@@ -627,6 +640,74 @@ class Table:
             return None
         deadline = self._timeouts.next_deadline()
         return None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3
+
+    # -- paced admission (pacing.py) ---------------------------------------------------
+
+    def reserve(self, n: int, timeout: float | None = None, lease_s: float | None = None) -> Reservation:
+        """Reserve admission for a rollout of ``n`` rows before starting it (paced
+        tables). Blocks (up to ``timeout``; None: forever) while the pace holds it back;
+        blocked reservations are granted first come, first served."""
+        with Admission(self, "reserve", timeout, self.turn("reserve"), self._clock) as adm:
+            while isinstance(outcome := self.try_reserve(n, adm.turn, lease_s), Wait):
+                self.wait_for_change(outcome.epoch, adm.limit(outcome))
+        return outcome
+
+    def try_reserve(self, n: int, turn: Turn, lease_s: float | None = None) -> Reservation | Wait:
+        """One attempt to reserve (admission.py): the reservation, or a ``Wait`` while the
+        pace or earlier reservations in line hold it back (``retry_after``: when the next
+        lease ends and gives its rows back)."""
+        pace = self._paced()
+        pace.check(n, lease_s)
+        with self._cond:
+            line = self._lines["reserve"]
+            if (held := self._held(line, turn)) is not None:
+                return held
+            self._check_open()
+            self._tick()
+            if not line.first(turn):
+                return Wait(f"{line.ahead_of(turn)} earlier reservations are waiting (first come, first served)",
+                            self._epoch)
+            if not pace.can_grant(n, self.policy_version):
+                deadline = pace.next_deadline()
+                return Wait(pace.why(n, self.policy_version), self._epoch,
+                            retry_after=None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3)
+            with self._admitted(line, turn):
+                r = pace.offer(n, self.policy_version, self._wall_clock(), lease_s)
+                self._log("reserve", id=r.id, n=r.count, deadline=r.deadline, version=r.policy_version)
+                pace.grant(r)
+                self._changed()
+            return r
+
+    def release(self, reservation_id: int) -> int:
+        """Give back a reservation's rows not inserted yet (a rollout abandoned); returns
+        how many. A reservation already settled, released or expired gives back 0."""
+        pace = self._paced()
+        rid = int(reservation_id)
+        pace.check_release(rid)
+        with self._cond:
+            self._check_open()
+            self._tick()
+            if rid not in pace:
+                return 0
+            self._log("release", id=rid, reason="released")
+            freed = pace.release(rid)
+            self._changed()
+            return freed
+
+    def _expire_reservations(self) -> None:
+        """Give back the unused rows of reservations whose lease ended (lock held)."""
+        due = self._pacing.due(self._wall_clock())
+        for rid in due:
+            self._log("release", id=rid, reason="expired")
+            self._pacing.release(rid, "expired")
+        if due:
+            self._changed()
+
+    def _paced(self) -> Pacing:
+        if self._pacing is None:
+            raise FailedPrecondition(f"table {self.name!r} does not pace admission (create it with pacing = "
+                                     f"{{rollouts_per_version = B}} and max_staleness)")
+        return self._pacing
 
     def _touch(self, n: int) -> np.ndarray:
         """The next n values of the insert-or-update counter (index column "touched")."""
@@ -713,7 +794,7 @@ class Table:
             self._log("version", version=version)
             self.policy_version = version
             stale = np.zeros(0, dtype=np.int64)
-            if self.spec.max_staleness is not None:  # else nothing can be stale: skip the O(n) scan
+            if self._stale_cutoff() >= 0:  # else nothing can be stale: skip the O(n) scan
                 live = self._index.live_slots()
                 stale = live[self._index["policy_version"][live] < self._stale_cutoff()]
                 self._remove(stale, "stale")
@@ -1169,6 +1250,10 @@ class Table:
                     s[f"rate_limiter_{k}"] = float(v)
             for k, v in self._sampler.stats().items():
                 s[f"sampler.{k}"] = v
+            if self._pacing is not None:
+                s.update(self._pacing.stats(self.policy_version))
+                s["reserve_waits"], s["reserve_wait_seconds"] = self.counters["reserve_waits"], \
+                    self.counters["reserve_wait_seconds"]
             for op, counts in self._staleness.items():
                 for bound, n in zip(STALENESS_BUCKETS, np.cumsum(counts).tolist()):
                     s[f"staleness.{op}.le_{bound}"] = n
@@ -1421,7 +1506,7 @@ class Table:
         return known, known == 0
 
     def _stale_cutoff(self) -> int:
-        if self.spec.max_staleness is None:
+        if self.spec.max_staleness is None or self._pacing is not None:  # paced: nothing is late
             return -1
         return self.policy_version - self.spec.max_staleness
 
@@ -1586,6 +1671,8 @@ class Table:
             **self._quarantine.to_fields(), **self._chunks.placement.state())
         if self._timeouts is not None:
             fields["group_timeouts"] = self._timeouts.state(self._groups.name)
+        if self._pacing is not None:
+            fields["pacing"] = self._pacing.state()
         if self._keys is not None:
             fields["removed_keys"], fields["removed_ids"] = self._keys.removed()
         self._journal.write_snapshot(fields)
@@ -1649,6 +1736,8 @@ class Table:
         self._consumers = {d["name"]: ConsumerGroup.from_dict(d, now) for d in s["consumers"]}
         self._quarantine.restore(s)
         self._chunks.placement.load_state(s)
+        if self._pacing is not None and s.get("pacing") is not None:
+            self._pacing.load(s["pacing"])
         if self._timeouts is not None and s.get("group_timeouts") is not None:
             self._timeouts.load(s["group_timeouts"], self._groups.find)
             self._rerelease(slots)
@@ -1689,6 +1778,8 @@ class Table:
             if name in f:
                 rows[name] = f[name]
         self._add_items(f["ids"], rows, f["groups"], f["tasks"], f["keys"], f["stored"])
+        if "reservations" in f:
+            self._pacing.settle(f["reservations"])
         self._chunks.placement.replay_written(f["chunk"], f.get("insert_durability"))
 
     def _replay_remove(self, f: dict) -> None:
@@ -1705,6 +1796,12 @@ class Table:
 
     def _replay_group_timeout(self, f: dict) -> None:
         self._settle(np.array([self._groups.find(g) for g in f["groups"]], np.int64), f["action"])
+
+    def _replay_reserve(self, f: dict) -> None:
+        self._pacing.grant(Reservation(int(f["id"]), int(f["n"]), float(f["deadline"]), int(f["version"])))
+
+    def _replay_release(self, f: dict) -> None:
+        self._pacing.release(int(f["id"]), f["reason"])
 
     def _replay_version(self, f: dict) -> None:
         self.policy_version = int(f["version"])

@@ -41,6 +41,18 @@ class PriorityUpdate:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """Admission to start a rollout of ``count`` rows on a paced table (``reserve``):
+    put ``id`` in the rows' ``reservation_id`` column; rows not inserted by
+    ``lease_deadline`` (Unix seconds) go back to the pace."""
+
+    id: int
+    count: int
+    lease_deadline: float
+    policy_version: int
+
+
+@dataclass(frozen=True)
 class TableInfo:
     name: str
     config: dict[str, Any]
@@ -186,6 +198,10 @@ class StreamPoller:
 def insert_result(resp: pb.InsertResponse) -> InsertResult:
     return InsertResult(np.array(resp.item_ids, dtype=np.uint64), resp.num_inserted, resp.num_duplicates,
                         resp.num_stale)
+
+
+def reservation(resp: pb.ReserveResponse) -> Reservation:
+    return Reservation(resp.reservation_id, resp.count, resp.lease_deadline, resp.policy_version)
 
 
 def priority_update(resp: pb.UpdatePrioritiesResponse) -> PriorityUpdate:

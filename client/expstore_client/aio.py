@@ -30,7 +30,7 @@ from expstore_proto.v1 import expstore_pb2 as pb
 from expstore_proto.service import client_stub
 
 from . import _codec, _flight
-from ._codec import InsertResult, PriorityUpdate, TableInfo
+from ._codec import InsertResult, PriorityUpdate, Reservation, TableInfo
 from ._flight import FlightPath
 from .batch import SampleBatch
 from .batcher import InsertBatcher
@@ -275,6 +275,24 @@ class AsyncClient:
         """Set the table's current policy version; returns how many stale items left."""
         req = pb.SetPolicyVersionRequest(table=table, version=version)
         return (await self._call(self._stub.SetPolicyVersion, req)).num_expired
+
+    async def reserve(self, table: str, count: int = 1, *, timeout: float | None = None,
+                      lease_s: float | None = None) -> Reservation:
+        """Reserve admission for a rollout of ``count`` rows on a paced table (created
+        with ``pacing``), before starting it: waits up to ``timeout`` while the trainer
+        is too far behind (DEADLINE_EXCEEDED then, saying why). Put the reservation's
+        ``id`` in every row's ``reservation_id``; ``release`` what will not be inserted.
+        ``lease_s``: how long the reservation holds if no row comes (default: the
+        table's ``pacing.lease_s``)."""
+        timeout = self.timeout if timeout is None else timeout
+        req = pb.ReserveRequest(table=table, count=count, timeout_s=timeout, lease_s=lease_s)
+        return _codec.reservation(await self._call(self._stub.Reserve, req, timeout))
+
+    async def release(self, table: str, reservation_id: int) -> int:
+        """Give back a reservation's rows not inserted (an abandoned rollout); returns
+        how many (0 when it was already settled, released or expired)."""
+        req = pb.ReleaseRequest(table=table, reservation_id=int(reservation_id))
+        return (await self._call(self._stub.Release, req)).num_released
 
     async def get(self, table: str, item_ids, *, compress: bool = False) -> SampleBatch:
         req = pb.GetRequest(table=table, item_ids=list(map(int, item_ids)), compress=compress)

@@ -87,6 +87,8 @@ class Client:
     ack = _sync("ack")
     update_priorities = _sync("update_priorities")
     set_policy_version = _sync("set_policy_version")
+    reserve = _sync("reserve")
+    release = _sync("release")
     get = _sync("get")
     stats = _sync("stats")
     query_table = _sync("query_table")

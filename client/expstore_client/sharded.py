@@ -38,7 +38,7 @@ import pyarrow as pa
 from expstore_proto.v1 import expstore_pb2 as pb
 
 from . import _codec, _merge, _shard_ids
-from ._codec import InsertResult, PriorityUpdate, TableInfo
+from ._codec import InsertResult, PriorityUpdate, Reservation, TableInfo
 from ._placement import place, placement_keys
 from ._shard_errors import ShardedInsertError, ShardError
 from ._targets import resolve
@@ -324,6 +324,21 @@ class ShardedClient:
         """Set the version on every shard; returns how many stale items left in all."""
         done = self._all(f"table {table!r}: set policy version", lambda c: c.set_policy_version(table, version))
         return sum(done.values())
+
+    def reserve(self, table: str, count: int = 1, *, key: str, timeout: float | None = None,
+                lease_s: float | None = None) -> Reservation:
+        """Reserve on the shard the rollout's rows will go to: ``key`` is their
+        ``group_id`` (else ``traj_id``). Each shard paces its own rows, so give each
+        table ``pacing.rollouts_per_version`` = the trainer's rows per version / shards.
+        The reservation's id is that shard's: rows with this key carry it there."""
+        return self._clients[self._shard_of(key)].reserve(table, count, timeout=timeout, lease_s=lease_s)
+
+    def release(self, table: str, reservation_id: int, *, key: str) -> int:
+        """``Client.release`` on the shard of ``key`` (as given to ``reserve``)."""
+        return self._clients[self._shard_of(key)].release(table, reservation_id)
+
+    def _shard_of(self, key: str) -> int:
+        return int(place(pa.array([key], pa.string()), self.shards)[0])
 
     def get(self, table: str, item_ids, *, compress: bool = False) -> SampleBatch:
         """Rows by sharded id, in the order asked."""

@@ -52,6 +52,7 @@ from expstore_client import AsyncClient, ShardedClient, names_shards
 
 from . import agent, chat, hf, plugins, weights
 from .engines.base import Engine, SamplingParams
+from .pace import Pace
 from .partials import Partials
 from .envs.base import Env
 from .envs.pool import EnvPool, EpisodeError
@@ -104,6 +105,7 @@ class Producer:
         self._last_poll = float("-inf")
         self._groups_started = 0
         self._partials: Partials | None = None
+        self._pace: Pace | None = None  # the table's reservations, when it is paced (pace.py)
         self._look_for_partials = False
         self._stop: threading.Event | None = None
         self._updating = False  # a new version waits for the generations running: they stop
@@ -123,6 +125,7 @@ class Producer:
             self._partials = await asyncio.to_thread(Partials.open, self.target, self.token, self.table,
                                                      self.config.partial_group)
         self._look_for_partials = self._partials is not None
+        self._pace = await asyncio.to_thread(Pace.open, self.target, self.token, self.table, stop_event)
         watcher = None
         try:
             async with inserter(self.target, self.token) as insert:
@@ -144,6 +147,8 @@ class Producer:
                 watcher.cancel()
             if self._partials is not None:
                 self._partials.close()
+            if self._pace is not None:
+                self._pace.close()
         return self.stats()
 
     def _jobs(self, num_groups: int | None, stop_event: threading.Event | None):
@@ -168,9 +173,12 @@ class Producer:
     async def _group(self, k: int) -> tuple[list[dict], None]:
         env = self.env_factory()
         task = env.sample_task(self.rng)
+        group_id = uuid.uuid4().hex
+        if self._pace is not None:  # a paced table admits the group before it starts
+            await asyncio.to_thread(self._pace.reserve, group_id, self.group_size)
         rows = await agent.rollout_group(
             self.engine, [env] + [self.env_factory() for _ in range(self.group_size - 1)], task, self._params(k),
-            self.tok, group_id=uuid.uuid4().hex, config=self.config.agent, gate=self.gate,
+            self.tok, group_id=group_id, config=self.config.agent, gate=self.gate,
             before_generate=self.maybe_reload, interrupt=self._interrupt())
         return rows, None
 
@@ -196,12 +204,16 @@ class Producer:
         """A whole group into the table, or, interrupted, into the partial table; then a
         continued group's partial rows are done."""
         if any(r["finish_reason"] == "aborted" for r in rows):
+            if self._pace is not None:  # whoever continues it reserves again
+                await asyncio.to_thread(self._pace.give_back, rows[0]["group_id"])
             await asyncio.to_thread(self._partials.put, rows)
             self.metrics["producer/aborted_groups"] += 1
             self._look_for_partials = not (self._stop is not None and self._stop.is_set())
         else:
             if self.reward_fn is not None:
                 await asyncio.to_thread(self._score, rows)
+            if self._pace is not None:
+                rows = await asyncio.to_thread(self._pace.stamp, rows)
             await self._insert(insert, rows)
         if continued is not None:
             await asyncio.to_thread(self._partials.done, continued)

@@ -333,6 +333,24 @@ class Servicer:
         call.detail = f"version={request.version} expired={expired}"
         return pb.SetPolicyVersionResponse(version=table.policy_version, num_expired=expired)
 
+    @rpc("producer", audit=True)
+    async def Reserve(self, request, context, call):
+        table = self.store.table(request.table)
+        turn = table.turn("reserve", context.peer())
+        lease_s = request.lease_s if request.HasField("lease_s") else None
+        r = await self._admit(table, "reserve", lambda: table.try_reserve(request.count, turn, lease_s),
+                              request.timeout_s, context, turn=turn)
+        call.detail = f"reservation={r.id} count={r.count}"
+        return pb.ReserveResponse(reservation_id=r.id, count=r.count, lease_deadline=r.deadline,
+                                  policy_version=r.policy_version)
+
+    @rpc("producer", audit=True)
+    async def Release(self, request, context, call):
+        table = self.store.table(request.table)
+        released = await self._run(table.release, request.reservation_id)
+        call.detail = f"reservation={request.reservation_id} released={released}"
+        return pb.ReleaseResponse(num_released=released)
+
     @rpc("reader")
     async def Get(self, request, context, call):
         table = self.store.table(request.table)

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(300)
 
 # The contract: what every client offers, with the same arguments.
 CONTRACT = ("create_table", "drop_table", "list_tables", "describe", "schema", "insert", "insert_future",
-            "sample", "sampler", "stream", "ack", "update_priorities", "set_policy_version", "get", "stats",
+            "sample", "sampler", "stream", "ack", "update_priorities", "set_policy_version", "reserve", "release",
+            "get", "stats",
             "query", "query_table", "commit_cut", "resume", "manifest", "checkpoint", "close")
 KINDS = ("Client", "AsyncClient", "ShardedClient-1", "ShardedClient-2")
 
@@ -217,6 +218,35 @@ def test_rows_in_and_out(connect, request):
                 done = await api.update_priorities(table, [*first.item_ids[:2], unknown], [3.0, 4.0, 5.0])
                 assert done.num_updated == 2 and done.unknown_item_ids.tolist() == [unknown]
                 assert await api.set_policy_version(table, 1) == 0
+            finally:
+                await api.drop_table(table)
+
+    run(main())
+
+
+def test_paced_reservations(connect, request):
+    """ShardedClient reserves on the shard of the rows' group_id (``key``), and each shard
+    paces its own rows."""
+    table = name_of(request)
+
+    async def main():
+        async with connect() as api:
+            await api.create_table(table, sampler="fifo", max_staleness=0, pacing={"rollouts_per_version": 2})
+            try:
+                key = {"key": "g1"} if api.sharded else {}
+                r = await api.reserve(table, 2, timeout=0, **key)
+                assert (r.count, r.policy_version) == (2, 0)
+                with pytest.raises(grpc.RpcError) as err:
+                    await api.reserve(table, 1, timeout=0, **key)
+                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                data = trajectories(2, id_prefix="p")
+                data = data.set_column(data.schema.get_field_index("group_id"), "group_id", pa.array(["g1"] * 2))
+                data = data.append_column("reservation_id", pa.array([r.id] * 2, pa.uint64()))
+                assert (await api.insert(table, data.slice(0, 1))).num_inserted == 1
+                assert await api.release(table, r.id, **key) == 1
+                assert await api.release(table, r.id, **key) == 0
+                stats = (await api.stats(table))[table]
+                assert (stats["pacing_admitted"], stats["pacing_settled_rows"]) == (1, 1)
             finally:
                 await api.drop_table(table)
 

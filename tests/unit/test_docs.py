@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from expstore_proto.v1 import expstore_pb2 as pb
-from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
+from expstore.spec import PacingSpec, RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.synthetic import trajectories
 from expstore.store import Store
 from expstore.table import Table
@@ -35,6 +35,7 @@ def test_every_server_key_is_documented():
 def test_every_table_key_is_documented():
     keys = {f.name for f in dataclasses.fields(TableSpec)} - {"schema"} | {"columns"}
     keys |= {f.name for f in dataclasses.fields(SamplerSpec)} | {f.name for f in dataclasses.fields(RateLimiterSpec)}
+    keys |= {f.name for f in dataclasses.fields(PacingSpec)}
     assert keys - documented("config.md") == set()
 
 
@@ -67,6 +68,13 @@ def test_every_stats_counter_is_documented(sampler):
     table.stream("g", 2)
     names = {documented_name(k) for k in table.stats()}
     assert names - documented("stats.md") == set()
+
+
+def test_every_stats_counter_of_a_paced_table_is_documented():
+    table = Table(TableSpec(name="t", max_staleness=1, pacing=PacingSpec(4)))
+    table.reserve(2, timeout=0)
+    names = {documented_name(k) for k in table.stats()}
+    assert {"pacing_admitted", "reserve_waits"} <= names and names - documented("stats.md") == set()
 
 
 def test_every_stats_counter_of_a_durable_tiered_table_is_documented(tmp_path):

@@ -70,6 +70,14 @@ class RoutedExpertsConfig(_message.Message):
     num_experts: int
     def __init__(self, layers: _Optional[int] = ..., top_k: _Optional[int] = ..., num_experts: _Optional[int] = ...) -> None: ...
 
+class PacingConfig(_message.Message):
+    __slots__ = ("rollouts_per_version", "lease_s")
+    ROLLOUTS_PER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    rollouts_per_version: int
+    lease_s: float
+    def __init__(self, rollouts_per_version: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
 class RateLimiterConfig(_message.Message):
     __slots__ = ("type", "min_size_to_sample", "samples_per_insert", "error_buffer", "min_diff", "max_diff", "size")
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -89,7 +97,7 @@ class RateLimiterConfig(_message.Message):
     def __init__(self, type: _Optional[str] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., size: _Optional[int] = ...) -> None: ...
 
 class TableConfig(_message.Message):
-    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window", "tiers", "ssd_bytes", "durability", "archive", "vocab_size", "metadata", "group_timeout_s", "group_timeout_action", "ingest_checks", "routed_experts")
+    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window", "tiers", "ssd_bytes", "durability", "archive", "vocab_size", "metadata", "group_timeout_s", "group_timeout_action", "ingest_checks", "routed_experts", "pacing")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +127,7 @@ class TableConfig(_message.Message):
     GROUP_TIMEOUT_ACTION_FIELD_NUMBER: _ClassVar[int]
     INGEST_CHECKS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    PACING_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     schema: bytes
@@ -141,7 +150,8 @@ class TableConfig(_message.Message):
     group_timeout_action: str
     ingest_checks: _containers.RepeatedScalarFieldContainer[str]
     routed_experts: RoutedExpertsConfig
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ..., tiers: _Optional[str] = ..., ssd_bytes: _Optional[int] = ..., durability: _Optional[str] = ..., archive: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., group_timeout_s: _Optional[float] = ..., group_timeout_action: _Optional[str] = ..., ingest_checks: _Optional[_Iterable[str]] = ..., routed_experts: _Optional[_Union[RoutedExpertsConfig, _Mapping]] = ...) -> None: ...
+    pacing: PacingConfig
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ..., tiers: _Optional[str] = ..., ssd_bytes: _Optional[int] = ..., durability: _Optional[str] = ..., archive: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., group_timeout_s: _Optional[float] = ..., group_timeout_action: _Optional[str] = ..., ingest_checks: _Optional[_Iterable[str]] = ..., routed_experts: _Optional[_Union[RoutedExpertsConfig, _Mapping]] = ..., pacing: _Optional[_Union[PacingConfig, _Mapping]] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("config", "if_not_exists")
@@ -333,6 +343,44 @@ class SetPolicyVersionResponse(_message.Message):
     version: int
     num_expired: int
     def __init__(self, version: _Optional[int] = ..., num_expired: _Optional[int] = ...) -> None: ...
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("table", "count", "timeout_s", "lease_s")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    count: int
+    timeout_s: float
+    lease_s: float
+    def __init__(self, table: _Optional[str] = ..., count: _Optional[int] = ..., timeout_s: _Optional[float] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class ReserveResponse(_message.Message):
+    __slots__ = ("reservation_id", "count", "lease_deadline", "policy_version")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: int
+    count: int
+    lease_deadline: float
+    policy_version: int
+    def __init__(self, reservation_id: _Optional[int] = ..., count: _Optional[int] = ..., lease_deadline: _Optional[float] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("table", "reservation_id")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    reservation_id: int
+    def __init__(self, table: _Optional[str] = ..., reservation_id: _Optional[int] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("num_released",)
+    NUM_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    num_released: int
+    def __init__(self, num_released: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("table", "item_ids", "compress")

@@ -84,6 +84,16 @@ class ExperienceStoreStub:
                 request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.SerializeToString,
                 response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.FromString,
                 _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/Reserve',
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ReserveResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/Release',
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_stream(
                 '/expstore.v1.ExperienceStore/Get',
                 request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.GetRequest.SerializeToString,
@@ -189,6 +199,20 @@ class ExperienceStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetPolicyVersion(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """Paced tables (role producer): reserve admission before starting a rollout, waiting
+        while the trainer is too far behind; give back what a rollout will not insert.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -302,6 +326,16 @@ def add_ExperienceStoreServicer_to_server(servicer, server):
                     servicer.SetPolicyVersion,
                     request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.FromString,
                     response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ReserveRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ReserveResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.ReleaseRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.ReleaseResponse.SerializeToString,
             ),
             'Get': grpc.unary_stream_rpc_method_handler(
                     servicer.Get,
@@ -614,6 +648,60 @@ class ExperienceStore:
             '/expstore.v1.ExperienceStore/SetPolicyVersion',
             expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionRequest.SerializeToString,
             expstore__proto_dot_v1_dot_expstore__pb2.SetPolicyVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/Reserve',
+            expstore__proto_dot_v1_dot_expstore__pb2.ReserveRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.ReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/Release',
+            expstore__proto_dot_v1_dot_expstore__pb2.ReleaseRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
