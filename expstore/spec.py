@@ -208,6 +208,13 @@ class TableSpec:
     routed_experts: trajectory tables; adds the ``routed_experts`` column (see
         RoutedExpertsSpec).
     pacing: admission-paced staleness instead of eviction (see PacingSpec).
+    hot_retention_s, hot_retention_bytes: the hot window (expstore/retention.py): items
+        inserted this many seconds ago (wall clock), and the oldest chunks' items while
+        the live items' chunks take more than this many Arrow bytes, leave the sampling
+        window (to the archive with ``archive = true``; else deleted).
+    retention_s, retention_bytes: the total window (``archive = true``): an archive
+        fragment is deleted once its newest row was inserted this long ago, and the
+        oldest fragments while the live bytes plus the archive's exceed this.
     """
 
     name: str
@@ -233,6 +240,10 @@ class TableSpec:
     ingest_checks: tuple[str, ...] | None = None
     routed_experts: RoutedExpertsSpec | None = None
     pacing: PacingSpec | None = None
+    hot_retention_s: float | None = None
+    hot_retention_bytes: int | None = None
+    retention_s: float | None = None
+    retention_bytes: int | None = None
 
     def __post_init__(self) -> None:
         names.check_table(self.name)
@@ -284,11 +295,34 @@ class TableSpec:
             object.__setattr__(self, "routed_experts", _build("routed_experts", RoutedExpertsSpec, self.routed_experts))
         if self.routed_experts is not None:
             _require(self.kind == "trajectory", "routed_experts applies to trajectory tables (one entry per token)")
+        self._check_retention()
         if isinstance(self.pacing, dict):
             object.__setattr__(self, "pacing", _build("pacing", PacingSpec, self.pacing))
         if self.pacing is not None:
             _require(self.kind == "trajectory", "pacing applies to trajectory tables (rows name their reservation)")
             _require(self.max_staleness is not None, "pacing needs max_staleness (the bound it paces admission by)")
+
+    def _check_retention(self) -> None:
+        for name in ("hot_retention_s", "retention_s"):
+            v = getattr(self, name)
+            _require(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                   and v > 0), f"{name} must be a finite number of seconds > 0")
+        for name in ("hot_retention_bytes", "retention_bytes"):
+            v = getattr(self, name)
+            _require(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+                     f"{name} must be an integer number of bytes >= 1")
+        _require(self.archive or (self.retention_s is None and self.retention_bytes is None),
+                 "retention_s and retention_bytes bound the archive: they need archive = true")
+        for hot, total in (("hot_retention_s", "retention_s"), ("hot_retention_bytes", "retention_bytes")):
+            h, t = getattr(self, hot), getattr(self, total)
+            _require(h is None or t is None or h <= t, f"{hot} ({h}) must not exceed {total} ({t}): the hot "
+                                                       f"window is part of the total window")
+
+    @property
+    def retains(self) -> bool:
+        """Whether the table has a hot or a total retention window."""
+        return any(v is not None for v in (self.hot_retention_s, self.hot_retention_bytes,
+                                           self.retention_s, self.retention_bytes))
 
     def engine_columns(self) -> list[pa.Field]:
         """Columns the config adds to a trajectory table's schema (after protocol v1 and

@@ -60,6 +60,7 @@ from .pacing import Pacing, Reservation
 from .placement import Placement, ReadPlan, Staged
 from .quarantine import Event, Quarantine
 from .ratelimit import RateLimiter
+from .retention import Retention
 from .samplers import make_remover, make_sampler
 from .samplers.base import Codebook, Items
 from .spec import TableSpec
@@ -206,6 +207,8 @@ class Table:
         self.counters: Counter[str] = Counter()
         self._pacing = Pacing(spec.pacing.rollouts_per_version, spec.max_staleness, spec.pacing.lease_s,
                               spec.name, self.counters) if spec.pacing is not None else None
+        self._retention = Retention(spec.hot_retention_s, spec.hot_retention_bytes, spec.retention_s,
+                                    spec.retention_bytes) if spec.retains else None
         # Items returned by sample / stream per staleness bucket (the last: beyond them all).
         self._staleness = {op: np.zeros(len(STALENESS_BUCKETS) + 1, np.int64) for op in ("sample", "stream")}
 
@@ -608,6 +611,10 @@ class Table:
             return
         if self._pacing is not None:
             self._expire_reservations()
+        if self._retention is not None:  # the hot window (retention.py)
+            for slots in self._retention.leaving(self._index, lambda: self._chunks.nbytes, self._wall_clock()):
+                self._remove(slots, "retention")
+                self._changed()
         if self._timeouts is None:
             return
         due = self._timeouts.due(self._wall_clock())
@@ -1015,9 +1022,10 @@ class Table:
         holding archived rows are read; rows in damaged blocks are quarantined instead.
         Returns the chunks handled; raises Unavailable when the remote tier is down."""
         placement = self._chunks.placement
+        expired = self._expire_archive()
         with self._cond:
             if self._archive is None or self._closed or not self._archive.queue:
-                return 0
+                return expired
             chosen = self._archive.queue[:8]
             wanted = {c: self._archive.wanted(c) for c in chosen}
             plan = placement.plan(np.concatenate([np.full(len(w[0]), c, np.int64) for c, w in wanted.items()]),
@@ -1040,13 +1048,34 @@ class Table:
                 checksums = {c: self._archive.tier.put(c, rows[c]) for c in chosen}
             with self._cond:
                 self._archive.checksums.put(checksums)
-                self._log("archived", chunks=np.array(chosen, dtype=np.int64))
+                nbytes = np.array([rows[c].nbytes for c in chosen], np.int64)
+                self._log("archived", chunks=np.array(chosen, dtype=np.int64), nbytes=nbytes)
                 self._archive.done(chosen)
+                if self._retention is not None:
+                    self._retention.archived(chosen, nbytes)
                 placement.delete(chosen)
                 self.counters["archived_items"] += sum(r.num_rows for r in rows.values())
         finally:
             with self._cond:
                 placement.unpin(plan.pinned)
+        return len(chosen)
+
+    def _expire_archive(self) -> int:
+        """Delete the archive fragments past the total window (retention.py): their
+        fragments first (remote I/O, outside the lock), then the record. Returns how many."""
+        with self._cond:
+            if self._retention is None or self._archive is None or self._closed:
+                return 0
+            chosen = self._retention.expired(self._wall_clock(), self._chunks.nbytes)
+        if not chosen:
+            return 0
+        with self._chunks.placement.remote_lock:
+            self._archive.tier.delete(chosen)  # a crash before the record: deleted again at the next pass
+        with self._cond:
+            self._archive.checksums.delete(chosen)
+            self._log("archive_expired", chunks=np.array(chosen, np.int64))
+            self.counters["archive_expired_bytes"] += self._retention.deleted(chosen)
+            self.counters["archive_expired_fragments"] += len(chosen)
         return len(chosen)
 
     def purge(self) -> None:
@@ -1250,6 +1279,10 @@ class Table:
                     s[f"rate_limiter_{k}"] = float(v)
             for k, v in self._sampler.stats().items():
                 s[f"sampler.{k}"] = v
+            if self._retention is not None:
+                s.update(self._retention.stats(), removed_retention=self.counters["removed_retention"],
+                         archive_expired_fragments=self.counters["archive_expired_fragments"],
+                         archive_expired_bytes=self.counters["archive_expired_bytes"])
             if self._pacing is not None:
                 s.update(self._pacing.stats(self.policy_version))
                 s["reserve_waits"], s["reserve_wait_seconds"] = self.counters["reserve_waits"], \
@@ -1343,6 +1376,8 @@ class Table:
             if chunk not in self._archive:  # nothing left to archive: free the chunk
                 self._log("archived", chunks=np.array([chunk], dtype=np.int64))
                 self._archive.done([chunk])
+                if self._retention is not None:
+                    self._retention.archived([chunk], None)
                 self._chunks.placement.delete([chunk])
 
     # -- internals --------------------------------------------------------------------
@@ -1447,6 +1482,8 @@ class Table:
         if self._archive is not None and reason not in ("lost", "quarantined"):
             ix = self._index
             self._archive.removed(ix["chunk"][slots], ix["row"][slots], ix["id"][slots], reason)
+            if self._retention is not None:  # the total window counts from the rows' inserted_at
+                self._retention.removed(ix["chunk"][slots], ix["inserted_at"][slots])
         if not self._replaying:  # a restore adopts the chunks once replay is done
             chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
             self._free(self._chunks.release(chunks.tolist(), counts.tolist()))
@@ -1673,6 +1710,8 @@ class Table:
             fields["group_timeouts"] = self._timeouts.state(self._groups.name)
         if self._pacing is not None:
             fields["pacing"] = self._pacing.state()
+        if self._retention is not None:
+            fields["retention"] = self._retention.state()
         if self._keys is not None:
             fields["removed_keys"], fields["removed_ids"] = self._keys.removed()
         self._journal.write_snapshot(fields)
@@ -1738,6 +1777,8 @@ class Table:
         self._chunks.placement.load_state(s)
         if self._pacing is not None and s.get("pacing") is not None:
             self._pacing.load(s["pacing"])
+        if self._retention is not None and s.get("retention") is not None:
+            self._retention.load(s["retention"])
         if self._timeouts is not None and s.get("group_timeouts") is not None:
             self._timeouts.load(s["group_timeouts"], self._groups.find)
             self._rerelease(slots)
@@ -1836,6 +1877,11 @@ class Table:
 
     def _replay_archived(self, f: dict) -> None:
         self._archive.done(f["chunks"].tolist())
+        if self._retention is not None:
+            self._retention.archived(f["chunks"].tolist(), f.get("nbytes"))
+
+    def _replay_archive_expired(self, f: dict) -> None:
+        self._retention.deleted(f["chunks"].tolist())
 
     def _replay_resume(self, f: dict) -> None:
         self._consumers[f["group"]].resume(int(f["step"]))

@@ -119,7 +119,8 @@ class AsyncClient:
         tiers, ssd_bytes, durability, archive, vocab_size (token ids must be below it),
         metadata (string notes such as the console's ``tokenizer``), group_timeout_s and
         group_timeout_action, ingest_checks (a list), routed_experts (``{"layers": L,
-        "top_k": k, "num_experts": E}``); the sampler mapping may hold task_quotas
+        "top_k": k, "num_experts": E}``), pacing (``{"rollouts_per_version": B, "lease_s": s}``),
+        hot_retention_s, hot_retention_bytes, retention_s, retention_bytes; the sampler mapping may hold task_quotas
         (``{task: {"min": share, "max": share}}``). See docs/config.md."""
         req = pb.CreateTableRequest(config=_codec.table_config(name, kind=kind, schema=schema, sampler=sampler,
                                                                rate_limiter=rate_limiter, **config),

@@ -56,6 +56,9 @@ def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
         e = spec.routed_experts
         config.routed_experts.CopyFrom(pb.RoutedExpertsConfig(layers=e.layers, top_k=e.top_k,
                                                               num_experts=e.num_experts))
+    for name in ("hot_retention_s", "hot_retention_bytes", "retention_s", "retention_bytes"):
+        if getattr(spec, name) is not None:
+            setattr(config, name, getattr(spec, name))
     if spec.pacing is not None:
         config.pacing.CopyFrom(pb.PacingConfig(rollouts_per_version=spec.pacing.rollouts_per_version,
                                                lease_s=spec.pacing.lease_s))

@@ -70,6 +70,17 @@ def test_every_stats_counter_is_documented(sampler):
     assert names - documented("stats.md") == set()
 
 
+def test_every_stats_counter_of_a_table_with_retention_windows_is_documented(tmp_path):
+    uri = (tmp_path / "remote").as_uri()
+    store = Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
+    table = store.create_table(TableSpec(name="t", tiers="remote", archive=True, hot_retention_s=60.0,
+                                         retention_bytes=1 << 30))
+    table.insert(trajectories(4, groups=2))
+    names = {documented_name(k) for k in table.stats()}
+    store.close()
+    assert "removed_retention" in names and names - documented("stats.md") == set()
+
+
 def test_every_stats_counter_of_a_paced_table_is_documented():
     table = Table(TableSpec(name="t", max_staleness=1, pacing=PacingSpec(4)))
     table.reserve(2, timeout=0)
