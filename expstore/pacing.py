@@ -33,6 +33,7 @@ Durability: grants, releases and expiries are journaled by the table, and the ro
 insert settles are in its journal record, so a restart restores every live reservation
 with its lease (leases that ended while the server was down expire at its first call).
 
+Memory: the live reservations (each holds rows the pace admitted), O(log n) a change.
 Not thread-safe: the table holds its lock. No clocks: callers pass the wall-clock time.
 """
 
@@ -170,6 +171,9 @@ class Pacing:
     def _drop(self, rid: int) -> None:
         del self._left[rid]
         del self._deadline[rid]
+        if len(self._heap) > 2 * len(self._deadline) + 64:  # settled entries: keep the heap O(live)
+            self._heap = [(d, r) for r, d in self._deadline.items()]
+            heapq.heapify(self._heap)
 
     # -- validation of inserted rows --------------------------------------------------
 
