@@ -3,7 +3,9 @@ KIP-405 ``local.retention.*`` and ``retention.*``).
 
 The hot window (``hot_retention_s``, ``hot_retention_bytes``) bounds what is sampled:
 
-- by time: an item leaves once ``inserted_at + hot_retention_s <= now`` (wall clock);
+- by time: an item leaves once ``inserted_at + hot_retention_s <= now`` (wall clock),
+  looked for from the oldest id up to the first item still inside the window (ids follow
+  insertion order; a wall clock that steps back delays a leave, never skips one);
 - by bytes: while the chunks of the live items take more than ``hot_retention_bytes``
   (Arrow bytes, in whichever tier), the oldest chunk's items leave, oldest chunk first
   (the chunk of the oldest live item), as Kafka deletes whole segments.

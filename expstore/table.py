@@ -612,8 +612,11 @@ class Table:
         if self._pacing is not None:
             self._expire_reservations()
         if self._retention is not None:  # the hot window (retention.py)
+            left = 0
             for slots in self._retention.leaving(self._index, lambda: self._chunks.nbytes, self._wall_clock()):
                 self._remove(slots, "retention")
+                left += len(slots)
+            if left:
                 self._changed()
         if self._timeouts is None:
             return
@@ -1072,6 +1075,8 @@ class Table:
         with self._chunks.placement.remote_lock:
             self._archive.tier.delete(chosen)  # a crash before the record: deleted again at the next pass
         with self._cond:
+            if self._closed:  # dropped meanwhile: its journal is gone
+                return 0
             self._archive.checksums.delete(chosen)
             self._log("archive_expired", chunks=np.array(chosen, np.int64))
             self.counters["archive_expired_bytes"] += self._retention.deleted(chosen)
