@@ -27,9 +27,10 @@ ROLE_OF_METHOD = {
     "ListTables": "reader", "DescribeTable": "any", "Get": "reader", "Stats": "reader",
     "Insert": "producer",
     "Sample": "trainer", "Stream": "trainer", "Ack": "trainer", "UpdatePriorities": "trainer",
-    "SetPolicyVersion": "trainer",
+    "SetPolicyVersion": "trainer", "Reserve": "producer", "Release": "producer",
 }
 TABLE = "secured"
+PACED = "secured_paced"
 
 
 def auth_config() -> str:
@@ -47,6 +48,8 @@ def auth_server(tmp_path_factory):
                      env={"EXPSTORE_TEST_TOKEN": ENV_SECRET})
     admin = Client(s.address, SECRETS["ops"][0])
     admin.create_table(TABLE)
+    admin.create_table(PACED, max_staleness=0, pacing={"rollouts_per_version": 1_000_000})
+    admin.reserve(PACED, 1, timeout=0)  # reservation 1, which Release calls give back
     admin.insert(TABLE, trajectories(4, id_prefix="seed"))
     # Deliver item 1 to group "g" so that acks of it are valid.
     next(admin.stream(TABLE, "g", 1, poll_timeout=1))
@@ -93,6 +96,9 @@ def calls(stub, who: str, metadata):
             timeout=5),
         "SetPolicyVersion": lambda: stub.SetPolicyVersion(pb.SetPolicyVersionRequest(table=TABLE, version=0),
                                                           metadata=metadata, timeout=5),
+        "Reserve": lambda: stub.Reserve(pb.ReserveRequest(table=PACED, count=1), metadata=metadata, timeout=5),
+        "Release": lambda: stub.Release(pb.ReleaseRequest(table=PACED, reservation_id=1), metadata=metadata,
+                                        timeout=5),
     }
 
 
