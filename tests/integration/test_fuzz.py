@@ -22,7 +22,7 @@ DEADLINE = 5.0
 FUZZ = settings(max_examples=150, deadline=None, database=None, derandomize=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
-TABLES = ["fz", "fz_prio", "fz_fifo", "fz_group", "fz_generic", "fz_limited"]
+TABLES = ["fz", "fz_prio", "fz_fifo", "fz_group", "fz_generic", "fz_limited", "fz_paced"]
 SERVER_FAULTS = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 METHODS = {m.name: m for m in pb.DESCRIPTOR.services_by_name["ExperienceStore"].methods}
 
@@ -56,6 +56,7 @@ def fuzz_server(tmp_path_factory):
         c.create_table("fz_generic", kind="generic", key_column="k",
                        schema=pa.schema([("k", pa.string()), ("v", pa.list_(pa.float32()))]))
         c.create_table("fz_limited", rate_limiter={"type": "min_size", "min_size_to_sample": 1000})
+        c.create_table("fz_paced", max_staleness=1, pacing={"rollouts_per_version": 4, "lease_s": 1.0})
         for t in ("fz", "fz_prio", "fz_fifo", "fz_limited"):
             c.insert(t, trajectories(20, id_prefix="seed"))
         c.insert("fz_group", trajectories(8, groups=4, id_prefix="grp"))
@@ -201,10 +202,15 @@ def table_configs(draw):
                            ("remover", st.one_of(st.sampled_from(["fifo", "lifo", "min_priority"]),
                                                  st.text(max_size=4))),
                            ("max_size", int64), ("max_times_sampled", int64), ("max_staleness", int64),
-                           ("memory_bytes", int64), ("dedup_window", int64)]:
+                           ("memory_bytes", int64), ("dedup_window", int64), ("hot_retention_s", any_float),
+                           ("hot_retention_bytes", int64), ("retention_s", any_float), ("retention_bytes", int64)]:
         value = draw(optional(strategy))
         if value is not None:
             setattr(config, name, value)
+    if draw(st.booleans()):
+        config.pacing.rollouts_per_version = draw(int64)
+        if (lease := draw(optional(any_float))) is not None:
+            config.pacing.lease_s = lease
     return pb.CreateTableRequest(config=config, if_not_exists=draw(st.booleans()))
 
 
@@ -212,7 +218,7 @@ def table_configs(draw):
 def read_calls(draw):
     """(method name, request) for every non-Insert, non-CreateTable RPC."""
     kind = draw(st.sampled_from(["Sample", "Stream", "Get", "Ack", "UpdatePriorities", "SetPolicyVersion",
-                                 "Stats", "DescribeTable", "DropTable", "ListTables"]))
+                                 "Stats", "DescribeTable", "DropTable", "ListTables", "Reserve", "Release"]))
     table = draw(table_names)
     if kind == "Sample":
         return kind, pb.SampleRequest(table=table, batch_size=draw(sample_sizes), timeout_s=draw(short_timeout),
@@ -233,6 +239,12 @@ def read_calls(draw):
                                                 priorities=draw(st.lists(any_float, min_size=n, max_size=n)))
     if kind == "SetPolicyVersion":
         return kind, pb.SetPolicyVersionRequest(table=table, version=draw(int64))
+    if kind == "Reserve":
+        lease = draw(st.one_of(st.none(), any_float))
+        return kind, pb.ReserveRequest(table=table, count=draw(st.one_of(st.integers(-2, 10), int64)),
+                                       timeout_s=draw(short_timeout), lease_s=lease)
+    if kind == "Release":
+        return kind, pb.ReleaseRequest(table=table, reservation_id=draw(st.one_of(st.integers(0, 5), uint64)))
     if kind == "Stats":
         return kind, pb.StatsRequest(table=table)
     if kind == "DescribeTable":
