@@ -31,11 +31,19 @@ class Pace:
 
     @classmethod
     def open(cls, target: str, token: str | None, table: str, stopped: threading.Event | None = None) -> "Pace | None":
-        """The pace of ``table`` if it is paced, else None."""
+        """The pace of ``table`` if it is paced, else None (also when the table does not
+        exist yet: the producer's inserts say so then, as they did)."""
         from expstore_client import connect
 
         client = connect(target, token)
-        if not client.describe(table).config.get("pacing"):
+        try:
+            paced = bool(client.describe(table).config.get("pacing"))
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                client.close()
+                raise
+            paced = False
+        if not paced:
             client.close()
             return None
         return cls(client, table, stopped)
