@@ -23,6 +23,13 @@ update) comes back at once with its unfinished episodes "aborted": their tokens,
 logprobs and per-token versions as generated, a turn cut mid-generation included
 (``metadata.partial.open_turn``). ``continue_group`` takes such a group and goes on from
 exactly there.
+
+Version span: with ``max_version_span = B`` no row's generated tokens come from more than
+B policy versions (newest - oldest + 1, counted by version number). A row that would
+generate under a version past its bound is restarted from its prompt under the version
+now (its environment ``reset`` again): what it had generated is dropped, never mixed in,
+and ``metadata.restarts`` records each restart (tokens dropped, the versions they spanned,
+the version it restarted under).
 """
 
 from __future__ import annotations
@@ -81,6 +88,11 @@ class AgentConfig:
     episode_timeout: float = 60.0  # seconds for the whole group, from its start
     env_timeout: float = 10.0  # seconds for one reset or step call
     engine_name: str = "torch"  # recorded in metadata
+    max_version_span: int | None = None  # policy versions one row's generated tokens may span; past it: restart
+
+    def __post_init__(self) -> None:
+        if self.max_version_span is not None and self.max_version_span < 1:
+            raise ValueError("max_version_span must be >= 1 (or None: unbounded)")
 
 
 @dataclass
@@ -94,6 +106,7 @@ class _Episode:
     step_rewards: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     open_turn: bool = False  # its last assistant turn was cut mid-generation
+    restarts: list[dict] = field(default_factory=list)  # each restart past the version span (metadata)
 
     def add(self, ids, role: str, version: int, logprobs=None, reward: float = 0.0, **tool) -> None:
         start = len(self.tokens)
@@ -117,6 +130,21 @@ class _Episode:
         """Generate calls this episode took part in: one assistant turn each."""
         return sum(t["role"] == "assistant" for t in self.turns)
 
+    def span(self, version: int) -> int:
+        """Policy versions its generated tokens would span if it generated under ``version``."""
+        generated = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return version - min(generated) + 1 if generated else 1
+
+    def restart(self, version: int) -> None:
+        """Back to its prompt (turn 0), as under ``version``; the rest is dropped (recorded)."""
+        generated = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        n = self.turns[0]["end"]
+        self.restarts.append({"dropped_tokens": len(self.tokens) - n, "versions": [min(generated), max(generated)],
+                              "restarted_under": version})
+        self.tokens, self.loss_mask, self.logprobs = self.tokens[:n], self.loss_mask[:n], self.logprobs[:n]
+        self.versions, self.turns, self.step_rewards = [version] * n, self.turns[:1], self.step_rewards[:1]
+        self.open_turn = False
+
     def last_turn(self) -> list[int]:
         return self.tokens[self.turns[-1]["start"]:self.turns[-1]["end"]]
 
@@ -126,7 +154,8 @@ class _Episode:
         turns = [{k: v for k, v in t.items() if v is not None} for t in row["turns"]]
         meta = json.loads(row["metadata"])
         return cls(list(row["tokens"]), list(row["loss_mask"]), list(row["logprobs"]), list(versions), turns,
-                   list(row["step_rewards"]), open_turn=meta.get("partial", {}).get("open_turn", False))
+                   list(row["step_rewards"]), open_turn=meta.get("partial", {}).get("open_turn", False),
+                   restarts=list(meta.get("restarts", [])))
 
 
 async def rollout_group(engine: Engine, envs: list[Env], task: dict, params: SamplingParams, tok, *,
@@ -150,7 +179,8 @@ async def rollout_group(engine: Engine, envs: list[Env], task: dict, params: Sam
         ep.add(tok.prompt_ids(prompt if failed is None else ""), "user", version0)
         ep.finish_reason = failed
         episodes.append(ep)
-    await _play(engine, envs, episodes, params, tok, deadline, config, gate or SwapGate(), before_generate, interrupt)
+    await _play(engine, envs, episodes, task, params, tok, deadline, config, gate or SwapGate(), before_generate,
+                interrupt)
     return [_row(ep, task, env, params, group_id, len(envs), config) for ep in episodes]
 
 
@@ -178,7 +208,8 @@ async def continue_group(engine: Engine, env_factory: Callable[[], Env], rows: l
         else:
             ep.finish_reason = row["finish_reason"]
         episodes.append(ep)
-    await _play(engine, envs, episodes, params, tok, deadline, config, gate or SwapGate(), before_generate, interrupt)
+    await _play(engine, envs, episodes, task, params, tok, deadline, config, gate or SwapGate(), before_generate,
+                interrupt)
     out = []
     for ep, row in zip(episodes, rows):
         old = {k: v for k, v in json.loads(row["metadata"]).items() if k != "partial"}
@@ -186,9 +217,9 @@ async def continue_group(engine: Engine, env_factory: Callable[[], Env], rows: l
             out.append({**row, "metadata": json.dumps(old)})
             continue
         new = _row(ep, task, envs[0], params, row["group_id"], row["group_size"], config)
-        partial = json.loads(new["metadata"]).get("partial")  # aborted again
-        new |= {"traj_id": uuid.uuid5(uuid.NAMESPACE_OID, row["traj_id"]).hex, "prompt_id": row["prompt_id"],
-                "metadata": json.dumps({**old, **({"partial": partial} if partial else {}),
+        made = json.loads(new["metadata"])  # partial: aborted again; restarts: so far
+        new |= {"traj_id": continuation_id(row["traj_id"]), "prompt_id": row["prompt_id"],
+                "metadata": json.dumps({**old, **{k: made[k] for k in ("partial", "restarts") if k in made},
                                         "continues": row["traj_id"], "continue_seed": params.seed})}
         out.append(new)
     return out
@@ -209,11 +240,19 @@ async def _replay(env: Env, task: dict, ep: _Episode, tok, deadline: float, conf
     return failed
 
 
-async def _play(engine: Engine, envs: list[Env], episodes: list[_Episode], params: SamplingParams, tok,
+def continuation_id(traj_id: str) -> str:
+    """The traj_id of the row that continues (supersedes) the aborted row ``traj_id``: the
+    same for every attempt, so the store deduplicates a retried continuation."""
+    return uuid.uuid5(uuid.NAMESPACE_OID, traj_id).hex
+
+
+async def _play(engine: Engine, envs: list[Env], episodes: list[_Episode], task: dict, params: SamplingParams, tok,
                 deadline: float, config: AgentConfig, gate: SwapGate,
                 before_generate: Callable[[], Awaitable[None]] | None, interrupt: Interrupt | None) -> None:
     """Turns until every episode has finished (or the group is interrupted): rows that
-    continue a cut turn generate first, with what is left of their budget."""
+    continue a cut turn generate first, with what is left of their budget. A row the
+    version now would take past ``max_version_span`` is restarted first (the version is
+    read under the gate, so it is the one the generate call would run)."""
     session = engine.session([ep.tokens for ep in episodes])
     try:
         while True:
@@ -236,11 +275,20 @@ async def _play(engine: Engine, envs: list[Env], episodes: list[_Episode], param
                 turn_params = SamplingParams(**{**params.__dict__, "max_tokens": max(0, params.max_tokens - used)})
             else:
                 turn_params = params
+            stale = []
             async with gate.generation():  # asked here, after any weight swap: a swap is no reason to stop
                 stopped = interrupt is not None and interrupt()
                 if not stopped:
                     version = engine.version
-                    gens = await asyncio.to_thread(session.generate, turn_params, rows, interrupt)
+                    stale = [i for i in rows if config.max_version_span is not None
+                             and episodes[i].span(version) > config.max_version_span]
+                    if not stale:
+                        gens = await asyncio.to_thread(session.generate, turn_params, rows, interrupt)
+            if stale:  # outside the gate: resets call environments
+                await _restart(envs, episodes, stale, task, version, deadline, config)
+                session.close()
+                session = engine.session([ep.tokens for ep in episodes])
+                continue
             if not stopped:
                 await asyncio.gather(*(_after_turn(episodes[i], envs[i], session, i, g, version, tok, deadline,
                                                    config) for i, g in zip(rows, gens)))
@@ -250,6 +298,16 @@ async def _play(engine: Engine, envs: list[Env], episodes: list[_Episode], param
                 break
     finally:
         session.close()
+
+
+async def _restart(envs: list[Env], episodes: list[_Episode], rows: list[int], task: dict, version: int,
+                   deadline: float, config: AgentConfig) -> None:
+    """Rows ``rows`` start over from their prompts, their environments reset (the prompt
+    is the stored one: environments are deterministic, as for continuations)."""
+    for i in rows:
+        episodes[i].restart(version)
+        _, episodes[i].finish_reason = await call_env(envs[i].reset, task,
+                                                      timeout=min(config.env_timeout, deadline - time.monotonic()))
 
 
 def _with_stops(params: SamplingParams, tok, env: Env) -> SamplingParams:
@@ -305,6 +363,8 @@ def _row(ep: _Episode, task: dict, env: Env, params: SamplingParams, group_id: s
             "answer": task.get("answer"), "task": task}
     if aborted:  # what continue_group needs besides the tokens: was the last turn cut?
         meta["partial"] = {"open_turn": ep.open_turn}
+    if ep.restarts:
+        meta["restarts"] = ep.restarts
     return {
         "traj_id": uuid.uuid4().hex, "prompt_id": task["prompt_id"],
         "group_id": group_id, "group_size": group_size if group_id else None, "task": env.name,

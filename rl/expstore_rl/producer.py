@@ -13,9 +13,13 @@ a group goes whole to the shard of its group_id.
 Partial rollouts (partials.py): a stop (``stop_event``, SIGTERM for the program) or,
 with ``interrupt_on_update``, a new version interrupts the groups in flight at the next
 token; each is stored whole in ``<table>_partial`` with its unfinished rows "aborted".
-A producer continues stored groups before it starts new ones (agent.continue_group),
-the trainer's table gets the finished group, and the partial one is done. Trainers
-never see aborted rows.
+The order of work: completed groups go to the store as they finish (before the next job
+starts); then stored partial groups, claimed ``partial_claim`` at a time and continued
+oldest policy version first (agent.continue_group; a claimed group whose continuation
+is already stored is acked, not generated again); then fresh groups. The trainer's
+table gets the finished group, and the partial one is done. Trainers never see aborted
+rows. ``agent.max_version_span`` bounds the versions one row spans (past it the row
+restarts from its prompt).
 
 Run as a program::
 
@@ -53,7 +57,7 @@ from expstore_client import AsyncClient, ShardedClient, names_shards
 from . import agent, chat, hf, plugins, weights
 from .engines.base import Engine, SamplingParams
 from .pace import Pace
-from .partials import Partials
+from .partials import VISIBILITY_S, Claimed, Partials
 from .envs.base import Env
 from .envs.pool import EnvPool, EpisodeError
 from .rewards import Reward
@@ -72,6 +76,8 @@ class ProducerConfig:
     partials: bool = True  # store interrupted groups in <table>_partial and continue them (partials.py)
     interrupt_on_update: bool = False  # a new version interrupts the generations running (their groups go on under it)
     partial_group: str = "producers"  # the producers' consumer group on the partial table
+    partial_claim: int | None = None  # partial groups claimed per look, continued oldest version first (None: concurrency)
+    partial_visibility_s: float = VISIBILITY_S  # a claimed group not done by then goes back to the producers
     agent: agent.AgentConfig = field(default_factory=agent.AgentConfig)
 
 
@@ -107,6 +113,7 @@ class Producer:
         self._partials: Partials | None = None
         self._pace: Pace | None = None  # the table's reservations, when it is paced (pace.py)
         self._look_for_partials = False
+        self._claimed: list[Claimed] = []  # claimed, not started yet: oldest version first
         self._stop: threading.Event | None = None
         self._updating = False  # a new version waits for the generations running: they stop
         self._reloading: asyncio.Lock | None = None  # one look for new weights at a time (per event loop)
@@ -123,7 +130,7 @@ class Producer:
         self._stop, self._reloading = stop_event, None
         if self.config.partials:
             self._partials = await asyncio.to_thread(Partials.open, self.target, self.token, self.table,
-                                                     self.config.partial_group)
+                                                     self.config.partial_group, self.config.partial_visibility_s)
         self._look_for_partials = self._partials is not None
         self._pace = await asyncio.to_thread(Pace.open, self.target, self.token, self.table, stop_event)
         watcher = None
@@ -152,18 +159,22 @@ class Producer:
         return self.stats()
 
     def _jobs(self, num_groups: int | None, stop_event: threading.Event | None):
-        """Partial groups first (looked for at the start and after a group was stored as
-        partial; the look is one short blocking read), then ``num_groups`` new ones."""
+        """Claimed partial groups first, oldest version first (a claim is made when none
+        is left: at the start, and after a group was stored as partial; it is one short
+        blocking read), then ``num_groups`` new ones. Claimed groups a stop leaves
+        unstarted go back to the producers after ``partial_visibility_s``."""
         started = 0
         while not (stop_event and stop_event.is_set()):
-            if self._look_for_partials:
-                taken = self._partials.take(max(self.group_size, 1))
-                self._look_for_partials = bool(taken)
-                for rows, first in taken:
-                    self.metrics["producer/continued_groups"] += 1
-                    yield partial(self._continue, rows, first)
-                if taken:
-                    continue
+            if not self._claimed and self._look_for_partials:
+                self._claimed, completed = self._partials.claim(self.config.partial_claim or self.config.concurrency,
+                                                                self.group_size)
+                self.metrics["producer/completed_partial_groups"] += completed
+                self._look_for_partials = bool(self._claimed or completed)
+            if self._claimed:
+                claimed = self._claimed.pop(0)
+                self.metrics["producer/continued_groups"] += 1
+                yield partial(self._continue, claimed.rows, claimed.first)
+                continue
             if num_groups is not None and started >= num_groups:
                 return
             started += 1
@@ -275,6 +286,7 @@ class Producer:
         m["producer/generated_tokens"] += sum(sum(r["loss_mask"]) for r in rows)
         m["producer/reward_sum"] += sum(r["reward"] for r in rows)
         m.update(f"producer/finish/{r['finish_reason']}" for r in rows)
+        m["producer/restarted_rows"] += sum("restarts" in json.loads(r["metadata"]) for r in rows)
         if self.config.log_every and m["producer/groups"] % self.config.log_every == 0:
             print(json.dumps(self.stats()), flush=True)
 
@@ -340,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store groups interrupted by a stop in <table>_partial and continue stored ones first")
     p.add_argument("--interrupt-on-update", action="store_true",
                    help="a new policy version interrupts the generations running; their groups go on under it")
+    p.add_argument("--max-version-span", type=int, default=None,
+                   help="policy versions one rollout's generated tokens may span; a rollout past it restarts from "
+                        "its prompt (default: unbounded)")
+    p.add_argument("--partial-visibility-s", type=float, default=VISIBILITY_S,
+                   help="seconds a claimed partial group stays with its producer before the others may take it")
     return p
 
 
@@ -359,8 +376,9 @@ def from_args(argv: list[str] | None = None, token: str | None = None) -> tuple[
     engine = build_engine(a.engine, a.weights_uri, a.device, a.seed, a.model)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p)
     config = ProducerConfig(concurrency=a.concurrency, seed=a.seed, log_every=a.log_every, partials=a.partials,
-                            interrupt_on_update=a.interrupt_on_update,
-                            agent=agent.AgentConfig(max_turns=a.max_turns, engine_name=a.engine))
+                            interrupt_on_update=a.interrupt_on_update, partial_visibility_s=a.partial_visibility_s,
+                            agent=agent.AgentConfig(max_turns=a.max_turns, engine_name=a.engine,
+                                                    max_version_span=a.max_version_span))
     producer = Producer(a.server, a.table, engine, env_factory, group_size=a.group_size, weights_uri=a.weights_uri,
                         params=params, token=token or a.token, tokenizer=tokenizer, reward_fn=reward_fn, config=config)
     return producer, a.num_groups
