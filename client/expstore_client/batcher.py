@@ -77,7 +77,9 @@ class InsertBatcher:
 
     async def _send(self, batch: list[tuple[pa.Table, np.ndarray, asyncio.Future]]) -> None:
         try:
-            combined = pa.concat_tables([rows for rows, _, _ in batch], promote_options="default")
+            # One contiguous batch: the server conforms, validates and stores per record
+            # batch, so many callers' one-row tables sent as they are cost it ~5x.
+            combined = pa.concat_tables([rows for rows, _, _ in batch], promote_options="default").combine_chunks()
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # callers sent different column types
             await asyncio.gather(*(self._send([one]) for one in batch))
             return

@@ -62,3 +62,24 @@ def test_max_rows_sends_without_waiting_for_linger(shared_server, table_name):
             return ids
 
     assert len(run(main())) == 4
+
+
+def test_a_combined_insert_goes_as_one_record_batch(shared_server, table_name):
+    """Many callers' rows are sent as one contiguous batch: the server validates and
+    stores per record batch, so 25 one-row batches cost it ~5x one batch of 25 rows."""
+    async def main():
+        async with AsyncClient(shared_server.address) as c:
+            await c.create_table(table_name)
+            batches, insert = [], c.insert
+
+            async def counting(table, rows, **kw):
+                batches.append(len(rows.to_batches()))
+                return await insert(table, rows, **kw)
+
+            c.insert = counting
+            batcher = c.batcher(table_name, linger_s=0.05, max_rows=10_000)
+            await asyncio.gather(*(batcher.insert(trajectories(1, id_prefix=f"t{i}")) for i in range(25)))
+            return batches, (await c.stats(table_name))[table_name]["items"]
+
+    batches, items = run(main())
+    assert items == 25 and batches and set(batches) == {1}
