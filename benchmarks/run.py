@@ -25,12 +25,13 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from . import report, sharding, tiers
+from . import agentic_scale, report, sharding, tiers
 
 GLIBC = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 ENVS = {"default": {}, "glibc": GLIBC}
 JOBS = [("wire", "default"), ("wire", "glibc"), ("memory", "default"), ("memory", "glibc"),
-        ("engine", "default"), ("concurrency", "default"), ("tiers", "default"), ("sharding", "default")]
+        ("engine", "default"), ("concurrency", "default"), ("tiers", "default"), ("sharding", "default"),
+        ("agentic_scale", "default")]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n\n" + tiers.render(results["tiers"])
     if "sharding" in results:
         text += "\n\n" + sharding.render(results["sharding"])
+    if "agentic_scale" in results:
+        text += "\n\n" + agentic_scale.render(results["agentic_scale"])
     print(text)
     report.write_json(results, args.json)
     print(f"\nJSON: {args.json}")
