@@ -303,7 +303,9 @@ async def _play(engine: Engine, envs: list[Env], episodes: list[_Episode], task:
 async def _restart(envs: list[Env], episodes: list[_Episode], rows: list[int], task: dict, version: int,
                    deadline: float, config: AgentConfig) -> None:
     """Rows ``rows`` start over from their prompts, their environments reset (the prompt
-    is the stored one: environments are deterministic, as for continuations)."""
+    is the stored one: environments are deterministic, as for continuations). The caller
+    then opens a new engine session, so the group's other rows prefill their prefixes
+    again: a restart is rare, and sessions cannot rewind one row."""
     for i in rows:
         episodes[i].restart(version)
         _, episodes[i].finish_reason = await call_env(envs[i].reset, task,
