@@ -41,6 +41,10 @@ class ChunkStore:
     def __len__(self) -> int:
         return len(self._live)
 
+    def ids(self) -> list[int]:
+        """Every chunk a live item references."""
+        return list(self._live)
+
     def __contains__(self, chunk: int) -> bool:
         return chunk in self._live
 

@@ -34,7 +34,8 @@ from rocksdict import WriteBatch
 from .errors import AlreadyExists, DataLoss, ExpstoreError, FailedPrecondition, NotFound, Unavailable
 from .journal import Journal
 from .spec import TableSpec
-from .table import Storage, Table
+from .parts import Backing
+from .table import Table
 from .tiers.checksums import RemoteChecksums
 from .tiers.rocks import CACHE_BYTES, MEMTABLE_BYTES, Database, RocksTier, table_prefix
 
@@ -119,7 +120,7 @@ class Store:
                 raise AlreadyExists(f"table {spec.name!r} exists {detail}; drop it first or use another name")
             storage = None
             if spec.tiers != "memory":
-                storage = Storage(self.db, self._next_table_id(), self._remote)
+                storage = Backing(self.db, self._next_table_id(), self._remote)
             table = self._open(spec, storage)
             if storage is not None:
                 self._save(spec, storage.table_id)
@@ -232,7 +233,7 @@ class Store:
 
     # -- persistence ------------------------------------------------------------------
 
-    def _open(self, spec: TableSpec, storage: Storage | None) -> Table:
+    def _open(self, spec: TableSpec, storage: Backing | None) -> Table:
         seed = None if self._seed is None else self._seed + len(self._tables)
         return Table(spec, seed=seed, storage=storage)
 
@@ -289,7 +290,7 @@ class Store:
                     spec["schema"] = arrow_ipc.decode_schema(bytes.fromhex(record["schema"]))
                 spec = TableSpec.from_dict(spec)
                 started = time.perf_counter()
-                table = self._open(spec, Storage(self.db, table_id, self._remote))
+                table = self._open(spec, Backing(self.db, table_id, self._remote))
                 self.restored[spec.name] = result = table.restore()
             except Exception as e:  # one table that cannot be opened must not keep the others closed
                 if table is not None:

@@ -123,3 +123,67 @@ class ConsumerGroup:
         g.delivered, g.redelivered, g.acked = d["delivered"], d["redelivered"], d["acked"]
         g.cuts = {int(k): v for k, v in d["cuts"].items()}
         return g
+
+
+class Consumers:
+    """A table's consumer groups by name, and (volatile tables) its training manifests.
+
+    The table drives it as it drives a selector, under its lock: it asks what a group may
+    be delivered (``expired``, then its position), journals the choice, then applies it
+    (``ConsumerGroup.deliver``, ``ack``, ``cut``, ``resume``). ``clock`` is the table's
+    monotonic clock, which times visibility deadlines.
+    """
+
+    MANIFESTS_IN_MEMORY = 10_000  # steps a volatile table remembers
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self._groups: dict[str, ConsumerGroup] = {}
+        self._manifests: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._groups
+
+    def __getitem__(self, name: str) -> ConsumerGroup:
+        return self._groups[name]
+
+    def get(self, name: str) -> ConsumerGroup | None:
+        return self._groups.get(name)
+
+    def items(self):
+        return self._groups.items()
+
+    def add(self, group: ConsumerGroup) -> ConsumerGroup:
+        self._groups[group.name] = group
+        return group
+
+    # -- manifests of a volatile table (a durable one keeps them in its journal) ------------
+
+    def add_manifest(self, step: int, ids: np.ndarray, versions: np.ndarray) -> None:
+        """What one sample for ``step`` returned (several samples of a step add up)."""
+        self._manifests.setdefault(step, []).append((ids, versions))
+        while len(self._manifests) > self.MANIFESTS_IN_MEMORY:
+            del self._manifests[next(iter(self._manifests))]
+
+    def set_manifest(self, step: int, ids: np.ndarray, versions: np.ndarray) -> None:
+        """A training cut's manifest, replacing what ``step`` had."""
+        self._manifests[step] = [(ids, versions)]
+
+    def drop_manifests_after(self, step: int) -> None:
+        self._manifests = {s: m for s, m in self._manifests.items() if s <= step}
+
+    def manifest(self, step: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        return self._manifests.get(step)
+
+    # -- snapshots ------------------------------------------------------------------
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [g.to_dict(now) for g in self._groups.values()]
+
+    def load(self, dicts: list[dict[str, Any]]) -> None:
+        now = self.clock()
+        self._groups = {d["name"]: ConsumerGroup.from_dict(d, now) for d in dicts}

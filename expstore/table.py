@@ -31,83 +31,42 @@ of the same chunk are still served.
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from . import group_timeouts, ingest_checks, names, pacing, routed
+from . import group_timeouts, ingest_checks, names, recovery
 from . import schema as protocol
-from .errors import (DataLoss, DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument,
-                     NotFound, ResourceExhausted, Unavailable)
-from .archive import ARCHIVE_SUFFIX, Archive
-from .chunks import ChunkStore
+from .admission import Admission, Wait
+from .archive import Archive
+from .errors import (DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
+                     Unavailable)
 from .gather import take_rows
-from .group_timeouts import GroupTimeouts
-from .ingest_checks import Checks, Lineage, References
-from .index import COLUMNS, ItemIndex
-from .journal import Journal
-from .keys import KeyRegistry
-from .pacing import Pacing, Reservation
+from .intake import Intake, PreparedInsert
+from .ingest_checks import References
+from .movement import Mover
+from .parts import Backing, Parts
 from .placement import Placement, ReadPlan, Staged
 from .quarantine import Event, Quarantine
-from .ratelimit import RateLimiter
-from .retention import Retention
-from .samplers import make_remover, make_sampler
+from .records import (Acked, Compacted, Cut, Delivered, Forgotten, GroupCreated, GroupsTimedOut, Inserted,
+                      PrioritySet, Quarantined, Record, Removed, Resumed, Sampled, VersionSet)
 from .samplers.base import Codebook, Items
 from .spec import TableSpec
-from .streams import ConsumerGroup
-from .tiers.checksums import ARCHIVE, RemoteChecksums
-from .tiers.memory import MemoryTier
-from .tiers.rocks import Database, RocksTier
-from .admission import Admission, Wait
+from .streams import ConsumerGroup, Consumers
+from .tiers.checksums import RemoteChecksums
 from .turns import Line, Turn
 
 log = logging.getLogger("expstore.table")
 
 DEFAULT_VISIBILITY_TIMEOUT = 60.0
-MANIFESTS_IN_MEMORY = 10_000  # steps a volatile table remembers
-# Samplers whose selections are i.i.d.: their rows may be returned in storage order.
-_UNORDERED = ("uniform", "prioritized")
 # Upper bounds (policy versions behind the table's) of the staleness counts in stats.
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
-
-
-@dataclass(frozen=True)
-class PreparedInsert:
-    """Validated rows ready to commit: built outside the lock by ``prepare_insert``."""
-
-    batches: list[pa.RecordBatch]
-    keys: list[str] | None
-    priorities: np.ndarray
-    policy_versions: np.ndarray
-    groups: pa.ChunkedArray | None  # group_id strings, for the group codebook
-    group_sizes: np.ndarray
-    tasks: pa.ChunkedArray | None
-    rewards: np.ndarray
-    durability: str = "memory"
-    staged: list[Staged] = field(default_factory=list)  # one chunk per batch, until committed
-    episodes: np.ndarray | None = None  # int64 episode hashes (ingest_checks.episode_hashes)
-    data_versions: np.ndarray | None = None  # int64, the rows' data_version column
-    references: References | None = None  # what the ingest checks compared the rows with
-    reservations: np.ndarray | None = None  # uint64, the rows' reservation_id (pacing)
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.priorities)
-
-    @property
-    def nbytes(self) -> int:
-        """What the rows cost the memory tier if all are stored."""
-        return sum(b.get_total_buffer_size() for b in self.batches)
 
 
 @dataclass(frozen=True)
@@ -137,22 +96,14 @@ class Rows:
     weights: np.ndarray | None = None
 
 
-@dataclass(frozen=True)
-class Storage:
-    """Where a durable table keeps its data: the server's RocksDB under ``table_id``, and
-    the remote tier factory (``remote(table_name)``) when the table uses one."""
-
-    db: Database
-    table_id: int
-    remote: Callable[[str], object] | None = None
-
-
 class Table:
     def __init__(self, spec: TableSpec, *, seed: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, storage: Storage | None = None,
+                 clock: Callable[[], float] = time.monotonic, storage: Backing | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        """``clock`` times waits and deadlines of calls; ``wall_clock`` stamps
-        ``inserted_at`` and times group timeouts (it must survive a restart)."""
+        """A table of the parts ``spec`` describes (``Parts.build``); ``storage`` where a
+        durable one keeps its data. ``clock`` times waits and deadlines of calls;
+        ``wall_clock`` stamps ``inserted_at`` and times group timeouts (it must survive a
+        restart)."""
         spec = spec.resolved(durable=storage is not None)
         self.spec = spec
         self.name = spec.name
@@ -166,49 +117,25 @@ class Table:
         self._epoch = 0  # changes so far: a waiter that saw an older count does not wait
         self._closed = False
 
-        self._index = ItemIndex()
-        durable = spec.tiers != "memory"
-        if spec.tiers == "remote" and storage.remote is None:
-            raise FailedPrecondition(f"table {self.name!r}: tiers = \"remote\" needs the server's "
-                                     f"remote tier to be configured ([remote] uri)")
-        self.storage = storage if durable else None
-        self._journal = Journal(storage.db, storage.table_id) if durable else None
-        self._replaying = False
-        remote = spec.tiers == "remote"
-        self._chunks = ChunkStore(Placement(
-            MemoryTier(spec.memory_bytes),
-            RocksTier(storage.db, storage.table_id) if durable else None,
-            storage.remote(spec.name) if remote else None,
-            ssd_budget=spec.ssd_bytes,
-            checksums=RemoteChecksums(storage.db, storage.table_id) if remote else None))
-        self._archive = Archive(storage.remote(spec.name + ARCHIVE_SUFFIX),
-                                RemoteChecksums(storage.db, storage.table_id, ARCHIVE)) if spec.archive else None
-        self._quarantine = Quarantine()
-        self._keys = KeyRegistry(spec.dedup_window) if spec.key is not None else None
-        self._tasks, self._groups = Codebook(), Codebook()
-        self._sampler = make_sampler(spec.sampler, self._tasks)
-        self._remover = make_remover(spec.remover)
-        self._limiter = RateLimiter.from_spec(spec.rate_limiter)
-        self._timeouts = GroupTimeouts(spec.group_timeout_s, spec.group_timeout_action) \
-            if spec.group_timeout_s is not None else None
-        self._checks = Checks(spec.ingest_checks, spec.name) if spec.ingest_checks else None
-        self._lineage = Lineage()
-        self._versioned = "data_version" in self.schema.names and spec.sampler.mixed
-        self._lines = {"insert": Line(), "sample": Line(), "reserve": Line()}  # blocked calls, first come first served
-        self._consumers: dict[str, ConsumerGroup] = {}
-        self._manifests: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        self._prefetch_pool: ThreadPoolExecutor | None = None
-        self._prefetching: set[int] = set()  # chunks being read ahead for streams
+        self.storage = storage if spec.tiers != "memory" else None
+        self.replaying = False  # replaying the journal: journal off, chunks adopted after
+        self._parts = parts = Parts.build(spec, storage, clock)
+        self._index, self._chunks, self._consumers = parts.index, parts.chunks, parts.consumers
+        self._sampler, self._remover, self._limiter = parts.sampler, parts.remover, parts.limiter
+        self._tasks, self._groups, self._keys = parts.tasks, parts.groups, parts.keys
+        self._archive, self._quarantine, self._journal = parts.archive, parts.quarantine, parts.journal
+        self._timeouts, self._checks, self._lineage = parts.timeouts, parts.checks, parts.lineage
+        self._mover = Mover(self, parts.chunks, parts.archive)
+        self._intake = Intake(spec, self.schema, parts.checks, durable=parts.journal is not None,
+                              server_filled=parts.timeouts is not None,
+                              versioned="data_version" in self.schema.names and spec.sampler.mixed)
+        self._lines = {"insert": Line(), "sample": Line()}  # blocked calls, first come first served
 
         # Samples the live items may still take under max_times_sampled (sum of allowances).
         self._allowance = 0
         self._touches = 0  # inserts and priority updates so far: the index's "touched" column
         self.policy_version = 0
         self.counters: Counter[str] = Counter()
-        self._pacing = Pacing(spec.pacing.rollouts_per_version, spec.max_staleness, spec.pacing.lease_s,
-                              spec.name, self.counters) if spec.pacing is not None else None
-        self._retention = Retention(spec.hot_retention_s, spec.hot_retention_bytes, spec.retention_s,
-                                    spec.retention_bytes) if spec.retains else None
         # Items returned by sample / stream per staleness bucket (the last: beyond them all).
         self._staleness = {op: np.zeros(len(STALENESS_BUCKETS) + 1, np.int64) for op in ("sample", "stream")}
 
@@ -221,77 +148,16 @@ class Table:
         held). Raises InvalidArgument naming the table, row and column of the first
         problem; nothing is applied then. A prepared insert is committed (perhaps after
         retries) or abandoned."""
-        durability = self._durability(durability)
-        parts = [data] if isinstance(data, (pa.RecordBatch, pa.Table)) else list(data)
-        if not parts:
-            raise InvalidArgument(f"table {self.name!r}: insert of no rows")
-        batches: list[pa.RecordBatch] = []
-        offset = 0
-        for part in parts:
-            self._check_routed_experts(part, offset)
-            t = protocol.conform(part, self.schema, table=self.name)
-            if self._trajectory:
-                protocol.validate_trajectories(t, table=self.name, row_offset=offset,
-                                               vocab_size=self.spec.vocab_size)
-                self._check_server_filled(t, offset)
-                if self._checks is not None:
-                    self._checks.check_rows(t, offset)
-            offset += t.num_rows
-            batches.extend(b for b in t.to_batches() if b.num_rows)
-        if offset == 0:
-            raise InvalidArgument(f"table {self.name!r}: insert of no rows")
-        n = offset
-        whole = pa.Table.from_batches(batches, schema=self.schema)
-        pr = self._priorities(priorities, n)
-        keys = None
-        if self.spec.key is not None:
-            key_col = whole.column(self.spec.key)
-            keys = key_col.cast(pa.string()).to_pylist()
-            self._check_keys(keys)  # across all parts of the call, not only within each
-        if self._trajectory:
-            groups = whole.column("group_id")
-            group_sizes = whole.column("group_size").fill_null(0).to_numpy().astype(np.int64)
-            self._check_group_sizes(group_sizes)
-            episodes = ingest_checks.episode_hashes(whole)
-            references = self._check_lineage(whole, episodes) if self._checks is not None else None
-            prep = PreparedInsert(
-                batches=batches, keys=keys, priorities=pr,
-                policy_versions=whole.column("policy_version").to_numpy().astype(np.int64),
-                groups=groups, group_sizes=group_sizes, tasks=whole.column("task"),
-                rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy(),
-                durability=durability, episodes=episodes, references=references,
-                data_versions=self._data_versions(whole),
-                reservations=None if self._pacing is None else self._pacing.check_rows(whole.column(pacing.COLUMN), 0))
-        else:
-            prep = PreparedInsert(
-                batches=batches, keys=keys, priorities=pr, policy_versions=np.zeros(n, np.int64),
-                groups=None, group_sizes=np.zeros(n, np.int64), tasks=None,
-                rewards=np.full(n, np.nan), durability=durability)
+        prep, whole = self._intake.prepare(data, priorities, durability)
+        if self._trajectory and self._checks is not None:
+            prep.references = self._check_lineage(whole, prep.episodes)
         try:
-            for b in batches:  # the SSD writes, outside the lock
-                prep.staged.append(self._chunks.stage(b, durability))
+            for b in prep.batches:  # the SSD writes, outside the lock
+                prep.staged.append(self._chunks.stage(b, prep.durability))
         except BaseException:
             self.abandon_insert(prep)
             raise
         return prep
-
-    def _check_routed_experts(self, part: pa.Table | pa.RecordBatch, offset: int) -> None:
-        """Shapes and ids of ``routed_experts`` as sent, before the cast to its type
-        (routed.py), so that errors name the row, token and layer."""
-        spec = self.spec.routed_experts
-        if spec is None or routed.COLUMN not in part.schema.names or "tokens" not in part.schema.names:
-            return
-        tokens = part.column("tokens")
-        counts = pc.list_value_length(tokens).fill_null(0).to_numpy(zero_copy_only=False)
-        routed.check(part.column(routed.COLUMN), counts.astype(np.int64), spec, table=self.name, row_offset=offset)
-
-    def _check_server_filled(self, t: pa.Table, offset: int) -> None:
-        """Columns the server fills on every read may not be written."""
-        name = group_timeouts.COLUMN
-        if self._timeouts is not None and t.column(name).null_count != t.num_rows:
-            row = int(np.argmax(t.column(name).is_valid().to_numpy(zero_copy_only=False)))
-            raise InvalidArgument(f"table {self.name!r}: row {offset + row}, column {name!r}: set by the server "
-                                  f"on every read (group timeouts); leave it out of inserts")
 
     def _check_lineage(self, whole: pa.Table, episodes: np.ndarray) -> References:
         """The ingest checks "extends" and "group_prefix" (ingest_checks.py): references
@@ -321,12 +187,6 @@ class Table:
     def _live(self, ids: np.ndarray) -> np.ndarray:
         """bool per item id: whether it is live (lock held)."""
         return self._index.lookup(np.asarray(ids, np.uint64)) >= 0
-
-    def _data_versions(self, whole: pa.Table) -> np.ndarray | None:
-        if not self._versioned:
-            return None
-        col = whole.column("data_version")
-        return col.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def insert(self, data, priorities=None, timeout: float | None = None,
                durability: str | None = None) -> InsertResult:
@@ -387,16 +247,6 @@ class Table:
                 self._chunks.placement.delete([s.chunk_id for s in prep.staged])
                 prep.staged.clear()
 
-    def _durability(self, durability: str | None) -> str:
-        if durability is None:
-            return self.spec.durability
-        if durability not in ("memory", "wal", "fsync"):
-            raise InvalidArgument(f"table {self.name!r}: durability must be memory, wal or fsync, got {durability!r}")
-        if durability != "memory" and self._journal is None:
-            raise FailedPrecondition(f"table {self.name!r}: durability {durability!r} needs the SSD "
-                                     f"tier; this table is memory-only (tiers = \"memory\")")
-        return durability
-
     def _apply_insert(self, prep: PreparedInsert, staged: list[Staged], ids: np.ndarray,
                       new: np.ndarray, durability: str) -> InsertResult:
         n = prep.num_rows
@@ -452,22 +302,19 @@ class Table:
         tasks = prep.tasks.take(pa.array(new_rows)) if prep.tasks is not None else None
         keys = [prep.keys[i] for i in new_rows.tolist()] if prep.keys is not None else None
         new_ids = np.arange(self._index.next_id, self._index.next_id + n_new, dtype=np.uint64)
-        reservations = None if prep.reservations is None else prep.reservations[new_rows]
         if self._journal is not None:  # logged first: a failed write changes nothing
-            self._log("insert", durability, insert_durability=durability, ids=new_ids, stored=store[new_rows],
-                      **({} if reservations is None else {"reservations": reservations}),
-                      keys=keys, groups=None if groups is None else groups.to_pylist(),
-                      tasks=None if tasks is None else tasks.to_pylist(),
-                      victims=self._index["id"][victims], **rows)
+            self.journal(Inserted(
+                insert_durability=durability, ids=new_ids, stored=store[new_rows], keys=keys,
+                groups=None if groups is None else groups.to_pylist(),
+                tasks=None if tasks is None else tasks.to_pylist(), victims=self._index["id"][victims], **rows),
+                durability)
         # From here on the insert is applied whole.
-        self._remove(victims, "max_size", log=False)
+        self.remove_slots(victims, "max_size", log=False)
         self._chunks.placement.delete(unused)
         for lo, hi, s in chunks:
             self._chunks.add(s, live=int(store[lo:hi].sum()))
         ids[new_rows] = new_ids
-        if reservations is not None:
-            self._pacing.settle(reservations)
-        self._add_items(new_ids, rows, groups, tasks, keys, store[new_rows], late[new_rows])
+        self.add_items(new_ids, rows, groups, tasks, keys, store[new_rows], late[new_rows])
         if prep.references is not None:
             kept = store[new_rows]
             names = groups.to_pylist() if "group_prefix" in self._checks.names else [None] * n_new
@@ -480,7 +327,7 @@ class Table:
         self._changed()
         return InsertResult(ids, n_new, n - n_new, int((stale & new).sum()))
 
-    def _add_items(self, ids: np.ndarray, rows: dict[str, np.ndarray], groups, tasks,
+    def add_items(self, ids: np.ndarray, rows: dict[str, np.ndarray], groups, tasks,
                    keys: list[str] | None, stored: np.ndarray, late: np.ndarray | None = None) -> None:
         """Index new items and offer the stored ones to the selectors (insert and replay).
         Rows not stored are stale, or ``late`` (their group timed out)."""
@@ -490,7 +337,7 @@ class Table:
         self._index["touched"][slots] = self._touch(n)
         if self._keys is not None:
             self._keys.add(slots, keys, ids)
-        items = self._items(slots[stored])
+        items = self.items(slots[stored])
         self._sampler.insert(items)
         self._remover.insert(items)
         self._allowance += self.spec.max_times_sampled * len(items)
@@ -503,7 +350,7 @@ class Table:
             late = np.zeros(n, bool) if late is None else late
             self._forget(slots[~stored & ~late], "stale", limited=False)
             self._forget(slots[late], "group_late", limited=False)
-        self._remove(self._sampler.rejected(), "zero_variance", log=False)  # replay redoes it
+        self.remove_slots(self._sampler.rejected(), "zero_variance", log=False)  # replay redoes it
         self.counters["inserts"] += n
 
     # -- sampling ---------------------------------------------------------------------
@@ -580,7 +427,7 @@ class Table:
         """Draw an admitted sample of n (lock held): selection, times_sampled, removals
         under max_times_sampled, the journal record and the rows' read plan."""
         capped = self.spec.max_times_sampled > 0
-        if capped and self.spec.sampler.type in _UNORDERED:
+        if capped and self._sampler.with_replacement:
             slots, probabilities, weights, done = self._sample_capped(n, kw)
         else:
             sel = self._sampler.sample(n, self._rng, **kw)
@@ -590,16 +437,16 @@ class Table:
                 if capped else slots[:0]
             if len(done):
                 self._sampler.remove(done)
-        if self.spec.sampler.type in _UNORDERED:
+        if self._sampler.with_replacement:  # i.i.d. draws: return them in storage order
             order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
             slots, probabilities, weights = slots[order], probabilities[order], weights[order]
-        self._log("sampled", ids=self._index["id"][slots], n=len(slots))
+        self.journal(Sampled(ids=self._index["id"][slots], n=len(slots)))
         self._sampled(len(slots))  # fewer than n: groups released partial
         self._record_staleness("sample", slots)
         if step is not None:
             self._record_manifest(step, slots)
         rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
-        self._remove(done, "max_times_sampled", in_sampler=False)
+        self.remove_slots(done, "max_times_sampled", in_sampler=False)
         self._changed()
         return rows
 
@@ -607,18 +454,7 @@ class Table:
 
     def _tick(self) -> None:
         """Settle the groups whose timeout passed (lock held): journaled, then applied."""
-        if self._closed:
-            return
-        if self._pacing is not None:
-            self._expire_reservations()
-        if self._retention is not None:  # the hot window (retention.py)
-            left = 0
-            for slots in self._retention.leaving(self._index, lambda: self._chunks.nbytes, self._wall_clock()):
-                self._remove(slots, "retention")
-                left += len(slots)
-            if left:
-                self._changed()
-        if self._timeouts is None:
+        if self._timeouts is None or self._closed:
             return
         due = self._timeouts.due(self._wall_clock())
         if len(due) == 0:
@@ -626,7 +462,7 @@ class Table:
         forming = self._sampler.forming(due)  # the others completed in time, or broke
         if len(forming):
             action = self.spec.group_timeout_action
-            self._log("group_timeout", groups=[self._groups.name(c) for c in forming.tolist()], action=action)
+            self.journal(GroupsTimedOut(groups=[self._groups.name(c) for c in forming.tolist()], action=action))
             self._settle(forming, action)
             self._changed()
 
@@ -639,9 +475,9 @@ class Table:
             _, group, arrived = np.unique(self._index["group"][slots], return_inverse=True, return_counts=True)
             self._index["group_size"][slots] = arrived[group]
             self.counters["group_timeouts_released"] += len(codes)
-            self._remove(self._sampler.rejected(), "zero_variance", log=False)  # drop_zero_variance
+            self.remove_slots(self._sampler.rejected(), "zero_variance", log=False)  # drop_zero_variance
         else:
-            self._remove(slots, "group_timeout", log=False)
+            self.remove_slots(slots, "group_timeout", log=False)
             self.counters["group_timeouts_dropped"] += len(codes)
 
     def _next_group_timeout(self) -> float | None:
@@ -650,74 +486,6 @@ class Table:
             return None
         deadline = self._timeouts.next_deadline()
         return None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3
-
-    # -- paced admission (pacing.py) ---------------------------------------------------
-
-    def reserve(self, n: int, timeout: float | None = None, lease_s: float | None = None) -> Reservation:
-        """Reserve admission for a rollout of ``n`` rows before starting it (paced
-        tables). Blocks (up to ``timeout``; None: forever) while the pace holds it back;
-        blocked reservations are granted first come, first served."""
-        with Admission(self, "reserve", timeout, self.turn("reserve"), self._clock) as adm:
-            while isinstance(outcome := self.try_reserve(n, adm.turn, lease_s), Wait):
-                self.wait_for_change(outcome.epoch, adm.limit(outcome))
-        return outcome
-
-    def try_reserve(self, n: int, turn: Turn, lease_s: float | None = None) -> Reservation | Wait:
-        """One attempt to reserve (admission.py): the reservation, or a ``Wait`` while the
-        pace or earlier reservations in line hold it back (``retry_after``: when the next
-        lease ends and gives its rows back)."""
-        pace = self._paced()
-        pace.check(n, lease_s)
-        with self._cond:
-            line = self._lines["reserve"]
-            if (held := self._held(line, turn)) is not None:
-                return held
-            self._check_open()
-            self._tick()
-            if not line.first(turn):
-                return Wait(f"{line.ahead_of(turn)} earlier reservations are waiting (first come, first served)",
-                            self._epoch)
-            if not pace.can_grant(n, self.policy_version):
-                deadline = pace.next_deadline()
-                return Wait(pace.why(n, self.policy_version), self._epoch,
-                            retry_after=None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3)
-            with self._admitted(line, turn):
-                r = pace.offer(n, self.policy_version, self._wall_clock(), lease_s)
-                self._log("reserve", id=r.id, n=r.count, deadline=r.deadline, version=r.policy_version)
-                pace.grant(r)
-                self._changed()
-            return r
-
-    def release(self, reservation_id: int) -> int:
-        """Give back a reservation's rows not inserted yet (a rollout abandoned); returns
-        how many. A reservation already settled, released or expired gives back 0."""
-        pace = self._paced()
-        rid = int(reservation_id)
-        pace.check_release(rid)
-        with self._cond:
-            self._check_open()
-            self._tick()
-            if rid not in pace:
-                return 0
-            self._log("release", id=rid, reason="released")
-            freed = pace.release(rid)
-            self._changed()
-            return freed
-
-    def _expire_reservations(self) -> None:
-        """Give back the unused rows of reservations whose lease ended (lock held)."""
-        due = self._pacing.due(self._wall_clock())
-        for rid in due:
-            self._log("release", id=rid, reason="expired")
-            self._pacing.release(rid, "expired")
-        if due:
-            self._changed()
-
-    def _paced(self) -> Pacing:
-        if self._pacing is None:
-            raise FailedPrecondition(f"table {self.name!r} does not pace admission (create it with pacing = "
-                                     f"{{rollouts_per_version = B}} and max_staleness)")
-        return self._pacing
 
     def _touch(self, n: int) -> np.ndarray:
         """The next n values of the insert-or-update counter (index column "touched")."""
@@ -764,8 +532,8 @@ class Table:
         last entry wins for a repeated id). Ids of items that left (or never were) are
         ignored and reported, as Reverb ignores them: a trainer updating the batch it
         sampled still updates the items that remain when some have been removed since."""
-        ids = self._ids(item_ids)
-        pr = self._priorities(priorities, len(ids), required=True)
+        ids = self._intake.item_ids(item_ids)
+        pr = self._intake.priorities(priorities, len(ids), required=True)
         with self._cond:
             slots = self._index.lookup(ids)
             unknown = ids[slots < 0]
@@ -778,7 +546,7 @@ class Table:
             at = np.sort(at[len(at) - 1 - from_end])
             slots, pr = slots[at], pr[at]
             if len(slots):
-                self._log("priority", ids=self._index["id"][slots], priorities=pr)
+                self.journal(PrioritySet(ids=self._index["id"][slots], priorities=pr))
                 self._set_priorities(slots, pr)
                 self._changed()
             return PriorityUpdate(len(slots), unknown)
@@ -801,13 +569,13 @@ class Table:
             if version < self.policy_version:
                 raise FailedPrecondition(f"table {self.name!r}: policy version must not decrease "
                                          f"(current {self.policy_version}, got {version})")
-            self._log("version", version=version)
+            self.journal(VersionSet(version=version))
             self.policy_version = version
             stale = np.zeros(0, dtype=np.int64)
-            if self._stale_cutoff() >= 0:  # else nothing can be stale: skip the O(n) scan
+            if self.spec.max_staleness is not None:  # else nothing can be stale: skip the O(n) scan
                 live = self._index.live_slots()
                 stale = live[self._index["policy_version"][live] < self._stale_cutoff()]
-                self._remove(stale, "stale")
+                self.remove_slots(stale, "stale")
             self._changed()
             return len(stale)
 
@@ -842,7 +610,7 @@ class Table:
             again = g.expired(now, n)
             again_slots = self._index.lookup(again)
             if (again_slots < 0).any():
-                self._log("forget", group=group, ids=again[again_slots < 0])
+                self.journal(Forgotten(group=group, ids=again[again_slots < 0]))
                 g.forget(again[again_slots < 0])
             again, again_slots = again[again_slots >= 0], again_slots[again_slots >= 0]
             fresh_slots = self._index.slots_from(g.position, n - len(again))
@@ -851,71 +619,29 @@ class Table:
                 return Wait(f"consumer group {group!r} is caught up", self._epoch,
                             retry_after=None if nd is None else max(0.0, nd - now))
             fresh = self._index["id"][fresh_slots]
-            self._log("deliver", group=group, fresh=fresh, again=again,
-                      deadline=time.time() + visibility_timeout)
+            self.journal(Delivered(group=group, fresh=fresh, again=again, deadline=time.time() + visibility_timeout))
             g.deliver(fresh, again, now + visibility_timeout)
             slots = np.concatenate([again_slots, fresh_slots])
             self.counters["stream_deliveries"] += len(slots)
             self._record_staleness("stream", slots)
             rows = self._snapshot(slots)
             if self._chunks.placement.durable:  # the chunks of the next 2n unread items
-                self._read_ahead(np.unique(self._index["chunk"][self._index.slots_from(g.position, 2 * n)]).tolist())
+                self._mover.read_ahead(np.unique(self._index["chunk"][self._index.slots_from(g.position, 2 * n)]).tolist())
             self._changed()
         return self._gather(rows)
 
-    def _read_ahead(self, chunks: list[int], *, if_room: bool = False) -> None:
-        """Load chunks that are not in memory into the memory cache in the background
-        (lock held): a stream's next chunks, or (``if_room``) chunks a sample read from the
-        SSD while the cache has room for them, so a restarted table warms up. Not when they
-        would take more than half the cache: they would be evicted before they are read
-        (a stream from a small cache read every chunk twice, 227 ms a batch instead of ~100)."""
-        placement = self._chunks.placement
-        ahead = [c for c in chunks if c in self._chunks and not placement.resident(c) and c not in self._prefetching]
-        size = sum(map(self._chunks.size_of, ahead))
-        if size > placement.memory.budget // 2:  # it would evict itself before it is read: read twice
-            return
-        if if_room and placement.memory.nbytes + size > placement.memory.budget:
-            return
-        if ahead:
-            self._prefetching.update(ahead)
-            placement.pin(ahead)
-            self._prefetcher().submit(self._prefetch, ahead)
-
     def _prefetcher(self):
-        if self._prefetch_pool is None:
-            self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{self.name}")
-        return self._prefetch_pool
-
-    def _prefetch(self, chunks: list[int]) -> None:
-        """Read chunks a stream will need next into the memory cache (a background thread;
-        the chunks are pinned), so consumers of a cold stream do not wait on the disk."""
-        placement = self._chunks.placement
-        damaged = None
-        try:
-            batches = placement.get(chunks)
-        except DataLoss as e:  # quarantined now: the stream's own read will not meet it
-            batches, damaged = {}, e
-        except ExpstoreError:  # e.g. the remote tier is down: the read itself will report it
-            batches = {}
-        with self._cond:
-            if damaged is not None:
-                self._quarantine_damage(damaged)
-            for c, batch in batches.items():
-                if c in self._chunks and not placement.resident(c):
-                    placement.memory.put(c, batch)
-                    placement.counters["prefetched"] += 1
-            placement.evict()
-            placement.unpin(chunks)
-            self._prefetching.difference_update(chunks)
+        """The read-ahead thread (``Mover.pool``)."""
+        return self._mover.pool()
 
     def ack(self, group: str, item_ids) -> tuple[int, int]:
         """Ack items delivered to a group; (newly acked, already acked). An id never
         delivered to the group is NOT_FOUND and nothing is acked."""
-        ids = self._ids(item_ids)
+        ids = self._intake.item_ids(item_ids)
         with self._cond:
             g = self._group(group)
             g.check_ack(ids, self.name)
-            self._log("ack", group=group, ids=ids)
+            self.journal(Acked(group=group, ids=ids))
             result = g.ack(ids)
             self._changed()
             return result
@@ -929,7 +655,7 @@ class Table:
         newly acked. ``resume(group, step)`` later redelivers exactly what came after.
         A cut with no ids creates a group that has not read yet (at the earliest item),
         so that a trainer can mark step 0 before its first read."""
-        ids = self._ids(item_ids)
+        ids = self._intake.item_ids(item_ids)
         if step < 0:
             raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
         with self._cond:
@@ -939,10 +665,10 @@ class Table:
             g = g or self._group(group)
             g.check_ack(ids, self.name)
             versions = self._versions_of(ids)
-            self._log("cut", self.spec.durability, manifest=(step, ids, versions),
-                      group=group, step=step, tag=tag, ids=ids)
+            self.journal(Cut(group=group, step=step, tag=tag, ids=ids), self.spec.durability,
+                         manifest=(step, ids, versions))
             if self._journal is None:
-                self._manifests[step] = [(ids, versions)]
+                self._consumers.set_manifest(step, ids, versions)
             acked, _ = g.ack(ids)
             g.cut(step, tag)
             self._changed()
@@ -958,152 +684,33 @@ class Table:
         with self._cond:
             g = self._group(group)
             g.check_cut(step, self.name)
-            self._log("resume", drop_manifests_after=step, group=group, step=step)
+            self.journal(Resumed(group=group, step=step), drop_manifests_after=step)
             if self._journal is None:
-                self._manifests = {s: m for s, m in self._manifests.items() if s <= step}
+                self._consumers.drop_manifests_after(step)
             g.resume(step)
             self._changed()
             return {"position": g.position, "inflight": len(g.inflight_ids)}
 
     def demote(self) -> int:
-        """One pass of the store's mover over the remote tier: reach it if it was never
-        reached or its last call failed (quarantining the items of chunks it turns out not
-        to hold), delete the chunks freed there, then move the oldest SSD chunks down while
-        the SSD is over its watermark (about 64 MiB), each move logged before the SSD copy
-        is deleted. Remote I/O runs outside the table lock, the chunks pinned. Returns the
-        chunks moved; raises Unavailable when the remote tier is down (the chunks stay on
-        the SSD, freed ones queued: nothing is lost)."""
-        placement = self._chunks.placement
-        with self._cond:
-            if self._closed or placement.remote is None:
-                return 0
-            garbage, known = placement.garbage(), placement.remote_chunks()
-        lost = None
-        with placement.remote_lock:
-            if not placement.remote.ready:  # (re)reached: does it hold what the journal put there?
-                placement.remote.probe()
-                lost = placement.lost_remote(known)
-            if garbage:
-                placement.remote.delete(garbage)
-        with self._cond:
-            placement.collected(garbage)
-            if lost is not None:
-                self._quarantine_damage(lost)
-            chosen = [] if self._closed else placement.demotion_candidates()
-        if not chosen:
-            return 0
-        record, damaged, checksums = None, None, {}
-        try:
-            try:
-                batches = placement.ssd.get(chosen)
-            except DataLoss as e:  # the chunks stay on the SSD; the others move next pass
-                damaged = e
-                return len(chosen)
-            with placement.remote_lock:  # DropTable's purge takes it after closing the table
-                for c in chosen:
-                    if self._closed:
-                        return 0
-                    checksums[c] = placement.remote.put(c, batches[c])
-            with self._cond:
-                if not self._closed:  # (a dropped table's journal is gone)
-                    done = placement.demotion_record(chosen, [batches[c].num_rows for c in chosen])
-                    self._log("demote", **done)
-                    record = done
-        finally:
-            with self._cond:
-                placement.demoted(chosen, record, checksums)
-                if damaged is not None:
-                    placement.undemotable.update(damaged.damage)
-                    self._quarantine_damage(damaged)
-                elif record is None:
-                    placement.counters["demotion_failures"] += 1
-        return len(chosen)
+        """One pass of the store's mover over the remote tier (``Mover.demote``)."""
+        return self._mover.demote()
 
     def archive_pending(self) -> int:
-        """Upload queued chunks' archived rows to the archive dataset, then free the
-        chunks (one pass of up to 8 chunks; the store's mover calls it). Only the blocks
-        holding archived rows are read; rows in damaged blocks are quarantined instead.
-        Returns the chunks handled; raises Unavailable when the remote tier is down."""
-        placement = self._chunks.placement
-        expired = self._expire_archive()
-        with self._cond:
-            if self._archive is None or self._closed or not self._archive.queue:
-                return expired
-            chosen = self._archive.queue[:8]
-            wanted = {c: self._archive.wanted(c) for c in chosen}
-            plan = placement.plan(np.concatenate([np.full(len(w[0]), c, np.int64) for c, w in wanted.items()]),
-                                  np.concatenate([w[0] for w in wanted.values()]))
-        try:
-            try:
-                batches, keys, local = placement.fetch(plan)
-            except DataLoss as e:
-                with self._cond:
-                    self._archive_damaged(e)
-                return len(chosen)
-            # take copies into fresh buffers: rows that came off the wire can sit unaligned in
-            # their IPC buffers (take_rows may hand out slices of them), which Lance refuses
-            data = take_rows(batches, keys, local, self.schema).take(np.arange(len(keys)))
-            rows, at = {}, 0
-            for c, (r, ids, reasons) in wanted.items():
-                rows[c] = Archive.annotate(data.slice(at, len(r)), ids, reasons)
-                at += len(r)
-            with placement.remote_lock:
-                checksums = {c: self._archive.tier.put(c, rows[c]) for c in chosen}
-            with self._cond:
-                self._archive.checksums.put(checksums)
-                nbytes = np.array([rows[c].nbytes for c in chosen], np.int64)
-                self._log("archived", chunks=np.array(chosen, dtype=np.int64), nbytes=nbytes)
-                self._archive.done(chosen)
-                if self._retention is not None:
-                    self._retention.archived(chosen, nbytes)
-                placement.delete(chosen)
-                self.counters["archived_items"] += sum(r.num_rows for r in rows.values())
-        finally:
-            with self._cond:
-                placement.unpin(plan.pinned)
-        return len(chosen)
-
-    def _expire_archive(self) -> int:
-        """Delete the archive fragments past the total window (retention.py): their
-        fragments first (remote I/O, outside the lock), then the record. Returns how many."""
-        with self._cond:
-            if self._retention is None or self._archive is None or self._closed:
-                return 0
-            chosen = self._retention.expired(self._wall_clock(), self._chunks.nbytes)
-        if not chosen:
-            return 0
-        with self._chunks.placement.remote_lock:
-            self._archive.tier.delete(chosen)  # a crash before the record: deleted again at the next pass
-        with self._cond:
-            if self._closed:  # dropped meanwhile: its journal is gone
-                return 0
-            self._archive.checksums.delete(chosen)
-            self._log("archive_expired", chunks=np.array(chosen, np.int64))
-            self.counters["archive_expired_bytes"] += self._retention.deleted(chosen)
-            self.counters["archive_expired_fragments"] += len(chosen)
-        return len(chosen)
+        """One pass of the store's mover over the archive queue (``Mover.archive_pending``)."""
+        return self._mover.archive_pending()
 
     def purge(self) -> None:
         """Delete everything the table stored (DropTable of a durable table; after close).
         The remote tier goes first, every fragment of the table's datasets (those a crash
         left unrecorded too): if it is down, Unavailable leaves the table whole."""
-        placement = self._chunks.placement
-        with placement.remote_lock:
-            for tier in self.remote_tiers():
-                tier.delete(tier.chunk_ids())
-        with self._cond:
-            self._journal.drop()
-            RemoteChecksums(self.storage.db, self.storage.table_id).drop()  # of every kind
-            placement.delete(list(self._chunks._live))
-            placement.ssd.delete_all()  # orphans too, without reading them: the table's family goes
+        self._mover.purge()
 
     def _new_group(self, group: str, start: str) -> ConsumerGroup:
         """A consumer group reading from the earliest item or after the newest (lock held)."""
         self._check_group_name(group)
         position = 1 if start == "earliest" else self._index.next_id
-        self._log("group", group=group, position=position)
-        g = self._consumers[group] = ConsumerGroup(group, position)
-        return g
+        self.journal(GroupCreated(group=group, position=position))
+        return self._consumers.add(ConsumerGroup(group, position))
 
     def _versions_of(self, ids: np.ndarray) -> np.ndarray:
         """Policy versions of items by id; -1 for an id no longer in the table."""
@@ -1128,7 +735,7 @@ class Table:
     def manifest(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(item ids, policy versions) sampled for training step ``step``, in order."""
         with self._cond:
-            parts = self._manifests.get(step)
+            parts = self._consumers.manifest(step)
             if parts is None and self._journal is not None:
                 parts = self._journal.manifest(step)
             if not parts:
@@ -1142,15 +749,13 @@ class Table:
         if self._journal is not None:
             self._journal.add_manifest(step, *entry)
         else:
-            self._manifests.setdefault(step, []).append(entry)
-            while len(self._manifests) > MANIFESTS_IN_MEMORY:
-                del self._manifests[next(iter(self._manifests))]
+            self._consumers.add_manifest(step, *entry)
 
     # -- reads ------------------------------------------------------------------------
 
     def get(self, item_ids) -> Rows:
         """Items by id, in the given order. NOT_FOUND names the first unknown id."""
-        ids = self._ids(item_ids)
+        ids = self._intake.item_ids(item_ids)
         with self._cond:
             self._tick()
             rows = self._snapshot(self._lookup(ids))
@@ -1223,7 +828,7 @@ class Table:
             except DataLoss as e:
                 with self._cond:
                     for chunk in set(e.damage) - self._quarantine.chunks_on("archive"):
-                        self._quarantine_event(Event(chunk, "archive", str(e)), np.zeros(0, np.uint64))
+                        self.quarantine_event(chunk, "archive", str(e), np.zeros(0, np.uint64))
                 raise DataLoss(f"table {self.name!r}: {e}; later scans leave the fragment out",
                                damage=e.damage) from None
         return pa.RecordBatchReader.from_batches(reader.schema, batches())
@@ -1242,8 +847,7 @@ class Table:
     def remote_tiers(self) -> list:
         """The table's remote tiers (its chunks', its archive's), for checkpoints and
         DropTable: their state (``version``, ``hold``) only while holding ``remote_lock``."""
-        tiers = [self._chunks.placement.remote, self._archive.tier if self._archive is not None else None]
-        return [t for t in tiers if t is not None]
+        return self._mover.remote_tiers()
 
     @property
     def remote_lock(self) -> threading.Lock:
@@ -1284,14 +888,6 @@ class Table:
                     s[f"rate_limiter_{k}"] = float(v)
             for k, v in self._sampler.stats().items():
                 s[f"sampler.{k}"] = v
-            if self._retention is not None:
-                s.update(self._retention.stats(), removed_retention=self.counters["removed_retention"],
-                         archive_expired_fragments=self.counters["archive_expired_fragments"],
-                         archive_expired_bytes=self.counters["archive_expired_bytes"])
-            if self._pacing is not None:
-                s.update(self._pacing.stats(self.policy_version))
-                s["reserve_waits"], s["reserve_wait_seconds"] = self.counters["reserve_waits"], \
-                    self.counters["reserve_wait_seconds"]
             for op, counts in self._staleness.items():
                 for bound, n in zip(STALENESS_BUCKETS, np.cumsum(counts).tolist()):
                     s[f"staleness.{op}.le_{bound}"] = n
@@ -1326,16 +922,11 @@ class Table:
             for line in self._lines.values():
                 line.closed = True
             self._changed()
-        if self._prefetch_pool is not None:
-            self._prefetch_pool.shutdown(wait=True)
-        tiers = [self._chunks.placement.remote, self._archive.tier if self._archive is not None else None]
-        for tier in tiers:
-            if tier is not None:
-                tier.close()  # its reader threads
+        self._mover.close()  # the read-ahead thread, the remote tiers' reader threads
 
     # -- damage -----------------------------------------------------------------------
 
-    def _quarantine_damage(self, error: DataLoss) -> int:
+    def quarantine_damage(self, error: DataLoss) -> int:
         """Quarantine the live items stored where a read found damage (lock held): for
         each damaged chunk, the items in its damaged rows (all of them when the whole chunk
         is). Returns how many items were quarantined."""
@@ -1360,30 +951,17 @@ class Table:
             slots = slots[inside]
         if len(slots) == 0:
             return 0
-        self._quarantine_event(Event(chunk, tier, reason), ix["id"][slots].copy())
-        self._remove(slots, "quarantined", log=False)
+        self.quarantine_event(chunk, tier, reason, ix["id"][slots].copy())
+        self.remove_slots(slots, "quarantined", log=False)
         return len(slots)
 
-    def _quarantine_event(self, event: Event, ids: np.ndarray) -> None:
-        """Journal and remember one damage event (the caller removes its live items)."""
-        self._log("quarantine", ids=ids, chunk=event.chunk, tier=event.tier, reason=event.reason)
+    def quarantine_event(self, chunk: int, tier: str, reason: str, ids: np.ndarray) -> None:
+        """Journal and remember one damage event (lock held; the caller removes its live items)."""
+        self.journal(Quarantined(ids=ids, chunk=chunk, tier=tier, reason=reason))
+        event = Event(chunk, tier, reason)
         self._quarantine.add(event, ids)
         log.error("table %r: chunk %d on the %s tier is damaged; %d items quarantined: %s",
                   self.name, event.chunk, event.tier, len(ids), event.reason)
-
-    def _archive_damaged(self, error: DataLoss) -> None:
-        """Chunks waiting for the archive could not be read whole (lock held): their rows
-        in damaged blocks cannot be archived and are quarantined (the items had already
-        left the table); the chunks' other archived rows are archived on the next pass."""
-        for chunk, ranges in error.damage.items():
-            ids = self._archive.drop_rows(chunk, ranges)
-            self._quarantine_event(Event(chunk, self._chunks.placement.home(chunk), str(error)), ids)
-            if chunk not in self._archive:  # nothing left to archive: free the chunk
-                self._log("archived", chunks=np.array([chunk], dtype=np.int64))
-                self._archive.done([chunk])
-                if self._retention is not None:
-                    self._retention.archived([chunk], None)
-                self._chunks.placement.delete([chunk])
 
     # -- internals --------------------------------------------------------------------
 
@@ -1407,7 +985,7 @@ class Table:
                 batches, keys, rows = self._chunks.placement.fetch(snap.plan)
             except DataLoss as e:
                 with self._cond:
-                    n = self._quarantine_damage(e)
+                    n = self.quarantine_damage(e)
                 raise DataLoss(f"table {self.name!r}: {e}; {n} items stored there are quarantined: later "
                                f"calls do not return them", damage=e.damage) from None
             schema = self.schema
@@ -1421,16 +999,10 @@ class Table:
             if snap.plan.pinned:
                 with self._cond:
                     self._chunks.placement.finish(snap.plan)
-                    self._read_ahead([c for c in snap.plan.pinned if c not in snap.plan.fetched], if_room=True)
+                    self._mover.read_ahead([c for c in snap.plan.pinned if c not in snap.plan.fetched], if_room=True)
         return Rows(data=data, item_ids=snap.item_ids, priorities=snap.priorities,
                     times_sampled=snap.times_sampled, policy_versions=snap.policy_versions,
                     probabilities=snap.probabilities, weights=snap.weights)
-
-    def _log(self, kind: str, durability: str = "wal", **fields) -> None:
-        """Append a change to the journal (durable tables; not while replaying it).
-        ``Journal.append`` takes manifest edits that go in the same write."""
-        if self._journal is not None and not self._replaying:
-            self._journal.append(kind, durability, **fields)
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
@@ -1444,12 +1016,6 @@ class Table:
             raise NotFound(f"table {self.name!r}: no item with id {missing} "
                            f"({int((slots < 0).sum())} of {len(ids)} ids unknown or removed)")
         return slots
-
-    def _items(self, slots: np.ndarray) -> Items:
-        c = self._index.cols
-        return Items(slots=slots, ids=c["id"][slots], priorities=c["priority"][slots],
-                     groups=c["group"][slots], group_sizes=c["group_size"][slots],
-                     tasks=c["task"][slots], rewards=c["reward"][slots], data_versions=c["data_version"][slots])
 
     def _victims(self, k: int) -> np.ndarray:
         if k <= 0:
@@ -1471,14 +1037,14 @@ class Table:
                 f"{tier.budget} bytes; this insert needs {nbytes}); raise memory_bytes "
                 f"or lower max_size, or use a durable table (tiers = \"ssd\")")
 
-    def _remove(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True, log: bool = True) -> None:
+    def remove_slots(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True, log: bool = True) -> None:
         """Remove live items from selectors, tiers and the index (``in_sampler=False``:
         the sampler has already let them go; ``log=False``: the journal record that
         caused it implies the removal)."""
         if len(slots) == 0:
             return
         if log:
-            self._log("remove", ids=self._index["id"][slots], reason=reason)
+            self.journal(Removed(ids=self._index["id"][slots], reason=reason))
         if in_sampler:
             self._sampler.remove(slots)
         self._remover.remove(slots)
@@ -1487,9 +1053,7 @@ class Table:
         if self._archive is not None and reason not in ("lost", "quarantined"):
             ix = self._index
             self._archive.removed(ix["chunk"][slots], ix["row"][slots], ix["id"][slots], reason)
-            if self._retention is not None:  # the total window counts from the rows' inserted_at
-                self._retention.removed(ix["chunk"][slots], ix["inserted_at"][slots])
-        if not self._replaying:  # a restore adopts the chunks once replay is done
+        if not self.replaying:  # a restore adopts the chunks once replay is done
             chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
             self._free(self._chunks.release(chunks.tolist(), counts.tolist()))
         self._forget(slots, reason)
@@ -1510,7 +1074,7 @@ class Table:
         copies at most ~32 MiB of live rows under the lock: a bounded pause, repeated by
         later calls if needed.
         """
-        if self._replaying or self._archive is not None:  # archived rows must outlive compaction
+        if self.replaying or self._archive is not None:  # archived rows must outlive compaction
             return
         chosen = self._chunks.compaction_candidates()
         if not chosen:
@@ -1522,7 +1086,7 @@ class Table:
         rows = take_rows(self._chunks.get(chosen), ix["chunk"][slots], ix["row"][slots], self.schema)
         try:
             staged = self._chunks.stage(rows, "wal")
-            self._log("compact", ids=ix["id"][slots], chunk=staged.chunk_id)
+            self.journal(Compacted(ids=ix["id"][slots], chunk=staged.chunk_id))
         except ExpstoreError:  # e.g. a full disk: compaction can wait, the table goes on
             self.counters["compaction_failures"] += 1
             return
@@ -1548,74 +1112,16 @@ class Table:
         return known, known == 0
 
     def _stale_cutoff(self) -> int:
-        if self.spec.max_staleness is None or self._pacing is not None:  # paced: nothing is late
+        if self.spec.max_staleness is None:
             return -1
         return self.policy_version - self.spec.max_staleness
-
-    def _priorities(self, priorities, n: int, *, required: bool = False) -> np.ndarray:
-        """Validated float64 priorities, one per row; None/empty means 1.0 each unless
-        ``required`` (updates must say what to set)."""
-        if not required and (priorities is None or np.size(priorities) == 0):
-            return np.ones(n, dtype=np.float64)
-        try:
-            pr = np.asarray(priorities, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"table {self.name!r}: priorities must be numbers") from None
-        if pr.ndim != 1:
-            raise InvalidArgument(f"table {self.name!r}: priorities must be a list, one per row")
-        if len(pr) != n:
-            raise InvalidArgument(f"table {self.name!r}: {len(pr)} priorities for {n} rows")
-        bad = ~np.isfinite(pr) | (pr < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise InvalidArgument(f"table {self.name!r}: row {i}, column 'priority': must be a "
-                                  f"finite number >= 0, got {pr[i]}")
-        return pr
-
-    def _ids(self, item_ids) -> np.ndarray:
-        """Item ids as uint64; ids are positive integers, anything else is INVALID_ARGUMENT."""
-        ids = np.asarray(item_ids)
-        if ids.size == 0:
-            return np.zeros(0, dtype=np.uint64)
-        if ids.dtype.kind not in "ui":  # e.g. a list mixing numpy uint64 and int
-            try:
-                ids = np.array([operator.index(x) for x in item_ids], dtype=object)
-            except TypeError:
-                ids = None
-        if ids is None or ids.ndim != 1 or ids.min() < 1 or ids.max() >= 2**64:
-            raise InvalidArgument(f"table {self.name!r}: item ids must be a list of positive integers")
-        return ids.astype(np.uint64)
-
-    def _check_keys(self, keys: list) -> None:
-        for i, k in enumerate(keys):
-            if k is None:
-                raise InvalidArgument(f"table {self.name!r}: row {i}, column {self.spec.key!r}: "
-                                      f"the key column must not be null")
-        if len(set(keys)) != len(keys):
-            seen: dict[str, int] = {}
-            for i, k in enumerate(keys):
-                if k in seen:
-                    raise InvalidArgument(f"table {self.name!r}: row {i}, column {self.spec.key!r}: "
-                                          f"duplicate of row {seen[k]}")
-                seen[k] = i
 
     def _check_sample_size(self, n: int) -> None:
         if n > self.spec.max_size:
             raise InvalidArgument(f"table {self.name!r}: batch_size {n} exceeds max_size {self.spec.max_size}")
-        sampler = self.spec.sampler
-        if sampler.type == "group" and n % sampler.group_size:
+        if n % self._sampler.unit:
             raise InvalidArgument(f"table {self.name!r}: batch_size {n} is not a multiple of "
-                                  f"group_size {sampler.group_size}")
-
-    def _check_group_sizes(self, group_sizes: np.ndarray) -> None:
-        if self.spec.sampler.type != "group":
-            return
-        want = self.spec.sampler.group_size
-        bad = (group_sizes != 0) & (group_sizes != want)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise InvalidArgument(f"table {self.name!r}: row {i}, column 'group_size': "
-                                  f"{int(group_sizes[i])} differs from the sampler's group_size {want}")
+                                  f"group_size {self._sampler.unit}")
 
     def turn(self, op: str, origin: Hashable | None = None) -> Turn:
         """A place in line for one ``"insert"`` or ``"sample"`` call: pass it to every
@@ -1696,298 +1202,99 @@ class Table:
             out["items_memory"] = len(self._index)
         return out
 
-    # -- persistence ------------------------------------------------------------------
+    # -- for the table's parts (recovery.py, records.py, movement.py) ------------------
+
+    @property
+    def parts(self) -> Parts:
+        return self._parts
+
+    @property
+    def lock(self) -> threading.Condition:
+        """The table's one lock (see the module docstring)."""
+        return self._cond
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def placement(self) -> Placement:
+        return self._chunks.placement
+
+    @property
+    def consumers(self) -> Consumers:
+        return self._consumers
+
+    @property
+    def archive(self) -> Archive | None:
+        return self._archive
+
+    @property
+    def quarantine(self) -> Quarantine:
+        return self._quarantine
+
+    @property
+    def touches(self) -> int:
+        """Inserts and priority updates so far (the next "touched" value)."""
+        return self._touches
+
+    def restore_counts(self, *, touches: int, allowance: int) -> None:
+        """Set the counters a snapshot holds (recovery)."""
+        self._touches, self._allowance = touches, allowance
+
+    def items(self, slots: np.ndarray) -> Items:
+        """The selectors' view of items (their index columns)."""
+        c = self._index.cols
+        return Items(slots=slots, ids=c["id"][slots], priorities=c["priority"][slots],
+                     groups=c["group"][slots], group_sizes=c["group_size"][slots],
+                     tasks=c["task"][slots], rewards=c["reward"][slots], data_versions=c["data_version"][slots])
+
+    def journal(self, record: Record, durability: str = "wal", **extras) -> None:
+        """Append a change to the journal (durable tables; not while replaying it).
+        ``extras``: manifest edits that go in the same write (``Journal.append``)."""
+        if self._journal is not None and not self.replaying:
+            self._journal.append(record.kind, durability, **extras, **record.fields())
+
+    def drop_journal(self) -> None:
+        """Delete the table's journal and the checksums of its remote chunks (DropTable)."""
+        self._journal.drop()
+        RemoteChecksums(self.storage.db, self.storage.table_id).drop()  # of every kind
+
+    def remove_ids(self, ids: np.ndarray, reason: str) -> None:
+        """Remove the live items among ``ids`` (replay)."""
+        slots = self._index.lookup(ids)
+        self.remove_slots(slots[slots >= 0], reason)
+
+    def count_sampled(self, ids: np.ndarray, n: int) -> None:
+        """A sample of ``ids`` returned n rows (replay)."""
+        slots = self._index.lookup(ids)
+        np.add.at(self._index["times_sampled"], slots[slots >= 0], 1)
+        self._sampled(n)
+
+    def set_priorities_of(self, ids: np.ndarray, priorities: np.ndarray) -> None:
+        """Set the priorities of the live items among ``ids`` (replay)."""
+        slots = self._index.lookup(ids)
+        self._set_priorities(slots[slots >= 0], priorities[slots >= 0])
+
+    def settle_groups(self, names: list[str], action: str) -> None:
+        """Time out the forming groups named (replay)."""
+        self._settle(np.array([self._groups.find(g) for g in names], np.int64), action)
+
+    def move_rows(self, ids: np.ndarray, chunk: int) -> None:
+        """Live items ``ids`` now live in ``chunk``, in order (a compaction's replay)."""
+        slots = self._index.lookup(ids)
+        ok = slots >= 0
+        self._index["chunk"][slots[ok]] = chunk
+        self._index["row"][slots[ok]] = np.flatnonzero(ok)
+        self._chunks.placement.replay_written([chunk], "wal")
 
     def _write_snapshot(self) -> None:
-        """The whole state as one journal snapshot (index columns of live items in id
-        order, keys, codebooks, consumer groups, rate limiter); older records are dropped."""
-        ix = self._index
-        live = ix.live_slots()
-        fields = {f"col_{name}": ix[name][live] for name in COLUMNS}
-        fields.update(
-            keys=self._keys.keys_of(live) if self._keys is not None else None,
-            group_names=list(self._groups._names), task_names=list(self._tasks._names),
-            next_id=ix.next_id, policy_version=self.policy_version, touches=self._touches,
-            limiter=self._limiter.state(),
-            consumers=[g.to_dict(self._clock()) for g in self._consumers.values()],
-            **self._quarantine.to_fields(), **self._chunks.placement.state())
-        if self._timeouts is not None:
-            fields["group_timeouts"] = self._timeouts.state(self._groups.name)
-        if self._pacing is not None:
-            fields["pacing"] = self._pacing.state()
-        if self._retention is not None:
-            fields["retention"] = self._retention.state()
-        if self._keys is not None:
-            fields["removed_keys"], fields["removed_ids"] = self._keys.removed()
-        self._journal.write_snapshot(fields)
+        recovery.write_snapshot(self)
 
     def restore(self) -> dict[str, int]:
-        """Rebuild a durable table from its journal after a restart: the latest snapshot,
-        then every record after it, then the chunks the items reference (from the SSD, or
-        the remote tier where the journal's demotions put them: no remote I/O). Items
-        whose chunk is in no tier are dropped and counted if they were acknowledged at
-        durability ``memory`` before a crash; if they were acknowledged at ``wal`` or
-        ``fsync``, DataLoss is raised and nothing is dropped. Returns what was restored."""
+        """Rebuild a durable table from its journal after a restart (recovery.py)."""
         with self._cond:
-            snapshot, records = self._journal.load()
-            self._replaying = True
-            try:
-                if snapshot is not None:
-                    self._load_snapshot(snapshot)
-                n = 0
-                for kind, fields in records:
-                    getattr(self, f"_replay_{kind}")(fields)
-                    n += 1
-            finally:
-                self._replaying = False
-            lost = self._adopt_chunks()
-            if self._checks is not None:
-                self._rebuild_lineage()
-            if self._chunks.placement.legacy:  # record the demotions: the next start needs no listing
-                self._write_snapshot()
-            self.counters.clear()  # stats count what this process did; replay is not that
-            return {"items": len(self._index), "records": n, "lost": lost, "quarantined": len(self._quarantine)}
-
-    def _load_snapshot(self, s: dict) -> None:
-        for name in s["group_names"]:
-            self._groups._code(name)
-        for name in s["task_names"]:
-            self._tasks._code(name)
-        ids = s["col_id"]
-        s.setdefault("col_touched", ids.astype(np.int64))  # snapshots before it: insertion order
-        for name in ("episode", "data_version"):  # snapshots before them: none
-            s.setdefault(f"col_{name}", np.zeros(len(ids), np.int64))
-        rows = {name: s[f"col_{name}"] for name in COLUMNS if name not in ("id", "group", "task")}
-        slots, _ = self._index.add(len(ids), ids=ids, group=s["col_group"], task=s["col_task"], **rows)
-        if len(ids) == 0:
-            self._index.next_id = max(self._index.next_id, s["next_id"])
-        if self._keys is not None:
-            self._keys.add(slots, s["keys"], ids)
-            self._keys.restore_removed(s["removed_keys"], s["removed_ids"])
-        # Selectors take the items in the order they were last inserted or updated (the
-        # heaps' tie order), then the counter goes on from there.
-        touched = s["col_touched"]
-        items = self._items(slots[np.argsort(touched, kind="stable")])
-        self._sampler.insert(items)
-        self._remover.insert(items)
-        self._touches = int(s.get("touches", touched.max() + 1 if len(touched) else 0))
-        cap = self.spec.max_times_sampled
-        self._allowance = int((cap - s["col_times_sampled"]).sum()) if cap else 0
-        self._index.next_id = max(self._index.next_id, s["next_id"])
-        self.policy_version = s["policy_version"]
-        self._limiter.restore(s["limiter"])
-        now = self._clock()
-        self._consumers = {d["name"]: ConsumerGroup.from_dict(d, now) for d in s["consumers"]}
-        self._quarantine.restore(s)
-        self._chunks.placement.load_state(s)
-        if self._pacing is not None and s.get("pacing") is not None:
-            self._pacing.load(s["pacing"])
-        if self._retention is not None and s.get("retention") is not None:
-            self._retention.load(s["retention"])
-        if self._timeouts is not None and s.get("group_timeouts") is not None:
-            self._timeouts.load(s["group_timeouts"], self._groups.find)
-            self._rerelease(slots)
-
-    def _rerelease(self, slots: np.ndarray) -> None:
-        """After a snapshot load, make the groups released before it eligible again (their
-        members were re-inserted as forming), unless one of them left since the release
-        (the group broke: never eligible again)."""
-        ix = self._index
-        forming = self._sampler.forming(self._timeouts.codes(group_timeouts.RELEASED))
-        members = slots[np.isin(ix["group"][slots], forming)]
-        if len(members) == 0:
-            return
-        codes, first, arrived = np.unique(ix["group"][members], return_index=True, return_counts=True)
-        whole = codes[arrived == ix["group_size"][members][first]]
-        self._sampler.expire(whole, release=True)
-        self._remove(self._sampler.rejected(), "zero_variance", log=False)
-
-    def _rebuild_lineage(self) -> None:
-        """The ingest checks' references from the live items (after a restore)."""
-        ix = self._index
-        live = ix.live_slots()
-        live = live[np.argsort(ix["id"][live], kind="stable")]
-        groups = [None] * len(live)
-        if "group_prefix" in self._checks.names:
-            groups = [self._groups.name(c) if c >= 0 else None for c in ix["group"][live].tolist()]
-        self._lineage.rebuild(ix["id"][live], ix["episode"][live], groups)
-
-    def _live_slots_of(self, ids: np.ndarray) -> np.ndarray:
-        slots = self._index.lookup(ids)
-        return slots[slots >= 0]
-
-    def _replay_insert(self, f: dict) -> None:
-        self._remove(self._live_slots_of(f["victims"]), "max_size")
-        rows = {name: f[name] for name in ("chunk", "row", "priority", "policy_version",
-                                           "inserted_at", "group_size", "reward")}
-        for name in ("episode", "data_version"):  # records before them have none
-            if name in f:
-                rows[name] = f[name]
-        self._add_items(f["ids"], rows, f["groups"], f["tasks"], f["keys"], f["stored"])
-        if "reservations" in f:
-            self._pacing.settle(f["reservations"])
-        self._chunks.placement.replay_written(f["chunk"], f.get("insert_durability"))
-
-    def _replay_remove(self, f: dict) -> None:
-        self._remove(self._live_slots_of(f["ids"]), f["reason"])
-
-    def _replay_sampled(self, f: dict) -> None:
-        slots = self._index.lookup(f["ids"])
-        np.add.at(self._index["times_sampled"], slots[slots >= 0], 1)
-        self._sampled(int(f["n"]))
-
-    def _replay_priority(self, f: dict) -> None:
-        slots = self._index.lookup(f["ids"])
-        self._set_priorities(slots[slots >= 0], f["priorities"][slots >= 0])
-
-    def _replay_group_timeout(self, f: dict) -> None:
-        self._settle(np.array([self._groups.find(g) for g in f["groups"]], np.int64), f["action"])
-
-    def _replay_reserve(self, f: dict) -> None:
-        self._pacing.grant(Reservation(int(f["id"]), int(f["n"]), float(f["deadline"]), int(f["version"])))
-
-    def _replay_release(self, f: dict) -> None:
-        self._pacing.release(int(f["id"]), f["reason"])
-
-    def _replay_version(self, f: dict) -> None:
-        self.policy_version = int(f["version"])
-
-    def _replay_compact(self, f: dict) -> None:
-        slots = self._index.lookup(f["ids"])
-        ok = slots >= 0
-        self._index["chunk"][slots[ok]] = int(f["chunk"])
-        self._index["row"][slots[ok]] = np.flatnonzero(ok)
-        self._chunks.placement.replay_written([int(f["chunk"])], "wal")
-
-    def _replay_demote(self, f: dict) -> None:
-        self._chunks.placement.replay_demoted(f["chunks"], f["rows"], f["nbytes"])
-
-    def _replay_group(self, f: dict) -> None:
-        self._consumers[f["group"]] = ConsumerGroup(f["group"], int(f["position"]))
-
-    def _replay_forget(self, f: dict) -> None:
-        self._consumers[f["group"]].forget(f["ids"])
-
-    def _replay_deliver(self, f: dict) -> None:
-        deadline = float(f["deadline"]) - time.time() + self._clock()
-        self._consumers[f["group"]].deliver(f["fresh"].copy(), f["again"], deadline)
-
-    def _replay_ack(self, f: dict) -> None:
-        self._consumers[f["group"]].ack(f["ids"])
-
-    def _replay_cut(self, f: dict) -> None:
-        g = self._consumers[f["group"]]
-        g.ack(f["ids"])
-        g.cut(int(f["step"]), f["tag"])
-
-    def _replay_archived(self, f: dict) -> None:
-        self._archive.done(f["chunks"].tolist())
-        if self._retention is not None:
-            self._retention.archived(f["chunks"].tolist(), f.get("nbytes"))
-
-    def _replay_archive_expired(self, f: dict) -> None:
-        self._retention.deleted(f["chunks"].tolist())
-
-    def _replay_resume(self, f: dict) -> None:
-        self._consumers[f["group"]].resume(int(f["step"]))
-
-    def _replay_quarantine(self, f: dict) -> None:
-        self._quarantine.add(Event(int(f["chunk"]), f["tier"], f["reason"]), f["ids"])
-        if self._archive is not None:  # removed items' rows it will not archive
-            self._archive.drop_ids(int(f["chunk"]), f["ids"])
-        self._remove(self._live_slots_of(f["ids"]), "quarantined")
-
-    def _adopt_chunks(self) -> int:
-        """Hand the chunks the restored items reference to the chunk store; drop items
-        whose chunk is gone (written without the write-ahead log; DataLoss if it was
-        acknowledged at wal or fsync), quarantine those whose chunk is damaged (its SSD
-        metadata fails its checksum, or its remote fragment is unreadable), and delete
-        chunks no item references (a crash between writing a chunk and logging its
-        insert, or between a removal and the chunk's delete; the mover deletes those on
-        the remote tier)."""
-        ix, placement = self._index, self._chunks.placement
-        for checksums in (placement.checksums, self._archive.checksums if self._archive is not None else None):
-            if checksums is not None:
-                checksums.load()
-        live = ix.live_slots()
-        chunks = np.unique(ix["chunk"][live])
-        missing, damaged = placement.adopt(chunks.tolist())
-        durable = [] if placement.legacy else sorted(set(missing) - set(placement.volatile(missing)))
-        if durable:
-            n = int(np.isin(ix["chunk"][live], durable).sum())
-            shown = ", ".join(map(str, durable[:5])) + (", ..." if len(durable) > 5 else "")
-            raise DataLoss(f"table {self.name!r}: {n} items acknowledged at durability 'wal' or 'fsync' "
-                           f"reference {len(durable)} chunks that are in no tier (chunk ids {shown}): not on "
-                           f"the SSD, and the journal records no move to the remote tier; nothing was dropped")
-        lost = 0
-        if missing or damaged:
-            self._replaying = True  # no chunk bookkeeping yet
-            gone = live[np.isin(ix["chunk"][live], missing)]
-            lost = len(gone)
-            self._remove(gone, "lost")
-            quarantined = {}
-            for c in damaged:
-                slots = live[ix["chunk"][live] == c]
-                quarantined[c] = ix["id"][slots].copy()
-                self._remove(slots, "quarantined")
-            self._replaying = False
-            for c, why in damaged.items():  # journaled, so that they stay quarantined
-                self._quarantine_event(Event(c, self._damaged_tier(c), why), quarantined[c])
-            live = ix.live_slots()
-        chunks, counts = np.unique(ix["chunk"][live], return_counts=True)
-        if placement.unverified():
-            log.warning("table %r: %d remote chunks have no checksums (demoted before they were kept): "
-                        "their reads are not verified", self.name, len(placement.unverified()))
-        max_row = np.zeros(0, np.int64)
-        if len(chunks):
-            order = np.argsort(ix["chunk"][live], kind="stable")
-            starts = np.searchsorted(ix["chunk"][live][order], chunks)
-            max_row = np.maximum.reduceat(ix["row"][live][order], starts)
-        ssd = placement.ssd
-        for c, k, r in zip(chunks.tolist(), counts.tolist(), max_row.tolist()):
-            if c in ssd:
-                rows, nbytes = int(ssd._offsets[c][-1]), ssd.size_of(c)
-            else:
-                rows, nbytes = placement.remote_size(c)
-                rows = max(rows, r + 1)
-            self._chunks.adopt(c, rows, k, nbytes)
-        referenced = set(chunks.tolist())
-        if self._archive is not None:  # freed before the crash, not yet archived
-            pending = [c for c in self._archive.pending() if c not in referenced]
-            missing, damaged = placement.adopt(pending)
-            for c in missing:
-                log.warning("table %r: chunk %d waiting for the archive is in no tier; its %d removed "
-                            "items are not archived", self.name, c, len(self._archive.drop_rows(c, None)))
-            for c, why in damaged.items():
-                self._quarantine_event(Event(c, self._damaged_tier(c), why), self._archive.drop_rows(c, None))
-            pending = [c for c in pending if c in self._archive]
-            self._archive.freed(pending)
-            referenced.update(pending)
-        try:
-            stored = ssd.stored_chunks()
-            top = max(stored, default=-1)
-        except DataLoss as e:  # orphans stay until a start can list the chunks
-            log.warning("table %r: cannot list its SSD chunks, unreferenced ones are kept: %s", self.name, e)
-            stored = []
-            try:
-                top = ssd.last_chunk_id()
-                top = -1 if top is None else top
-            except DataLoss:
-                top = max(referenced, default=-1) + (1 << 24)  # past any id the damaged range may hold
-        orphans = [c for c in stored if c not in referenced]
-        placement.delete(orphans + [c for c in placement.remote_chunks() if c not in referenced])
-        placement.reserve_ids(max([*referenced, top], default=-1) + 1)
-        return lost
-
-    def _damaged_tier(self, chunk: int) -> str:
-        """Where a chunk found damaged at restore lives: a remote one has checksums (its
-        record goes: the chunk is unreferenced from now on)."""
-        checksums = self._chunks.placement.checksums
-        if checksums is not None and chunk in checksums:
-            checksums.delete([chunk])
-            return "remote"
-        return "ssd"
-
+            return recovery.restore(self)
 
 def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.ndarray:
     """Codebook codes of group or task strings (an Arrow column, or a list from the

@@ -61,6 +61,12 @@ class Selection:
 
 
 class Selector(Protocol):
+    #: Whether ``sample`` draws i.i.d. with replacement (slots may repeat; their order
+    #: means nothing, so the table may return rows in storage order).
+    with_replacement: bool = False
+    #: Batches are multiples of this many items (the group sampler: whole groups).
+    unit: int = 1
+
     def insert(self, items: Items) -> None:
         """Add items. Slots are not in the selector already."""
 
@@ -116,7 +122,7 @@ class Codebook:
         encoded = pc.dictionary_encode(values)
         if isinstance(encoded, pa.ChunkedArray):
             encoded = encoded.combine_chunks()
-        lookup = np.fromiter((self._code(v) for v in encoded.dictionary.to_pylist()),
+        lookup = np.fromiter((self.code(v) for v in encoded.dictionary.to_pylist()),
                              dtype=np.int64, count=len(encoded.dictionary))
         indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         lookup = np.append(lookup, -1)  # index -1 (a null row) maps to code -1
@@ -127,7 +133,8 @@ class Codebook:
         without the table's lock, a dict read)."""
         return self._codes.get(value, -1)
 
-    def _code(self, value: str) -> int:
+    def code(self, value: str) -> int:
+        """The code of a string, assigning the next one if it has none."""
         code = self._codes.get(value)
         if code is None:
             code = self._codes[value] = len(self._names)
@@ -136,6 +143,11 @@ class Codebook:
 
     def name(self, code: int) -> str:
         return self._names[code]
+
+    @property
+    def names(self) -> list[str]:
+        """Every string with a code, in code order (a copy)."""
+        return list(self._names)
 
     def __len__(self) -> int:
         return len(self._names)

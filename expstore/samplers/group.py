@@ -62,7 +62,7 @@ class GroupSampler(Selector):
             raise InvalidArgument(f"the group sampler needs group_size >= 1, got {group_size}")
         if order not in ORDERS:
             raise InvalidArgument(f"group order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
-        self.group_size = int(group_size)
+        self.group_size = self.unit = int(group_size)
         self.drop_zero_variance = bool(drop_zero_variance)
         self.order = order
         self._eligible = ORDERS[order]()  # rows of complete groups

@@ -41,6 +41,8 @@ class Prioritized(Selector):
     ([0.25, 0.75], 0.769)
     """
 
+    with_replacement = True
+
     def __init__(self, alpha: float = 1.0, beta: float = 0.0, capacity: int = 1024) -> None:
         if not (math.isfinite(alpha) and alpha >= 0 and math.isfinite(beta) and beta >= 0):
             raise InvalidArgument(f"prioritized needs finite alpha, beta >= 0, got {alpha}, {beta}")

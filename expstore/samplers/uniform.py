@@ -26,6 +26,8 @@ class Uniform(Selector):
     [3, 9]
     """
 
+    with_replacement = True
+
     def __init__(self) -> None:
         self._dense = np.empty(0, dtype=np.int64)
         self._pos = np.empty(0, dtype=np.int64)

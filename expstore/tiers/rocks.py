@@ -577,6 +577,11 @@ class RocksTier:
         self.stored_nbytes -= self._stored.pop(chunk_id, 0)
         self._nbytes -= self._arrow.pop(chunk_id, 0)
 
+    def rows_of(self, chunk_id: int) -> int:
+        """The rows a stored chunk holds."""
+        self._load_offsets([chunk_id])
+        return int(self._offsets[chunk_id][-1])
+
     def get(self, chunk_ids: Iterable[int]) -> dict[int, pa.RecordBatch]:
         chunk_ids = list(dict.fromkeys(chunk_ids))
         self._load_offsets(chunk_ids)

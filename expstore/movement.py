@@ -1,0 +1,214 @@
+"""Moving a table's chunks between tiers: demotion to the remote tier, the archive's
+uploads, read-ahead into the memory cache, and the purge of DropTable.
+
+``Placement`` (placement.py) decides where a chunk lives and plans reads under the table
+lock; this module does the slow part, the I/O between tiers, *outside* it. Each pass
+takes the table lock (``Table.lock``) to choose its chunks and pin them, does the I/O
+unlocked, then takes the lock again to journal the move (``Table.journal``) before
+applying it. The store's mover thread calls ``demote`` and ``archive_pending``; the table
+calls ``read_ahead`` for streams and for samples that read from the SSD, on one
+background thread per table. Damage met on the way is handed to the table
+(``Table.quarantine_damage``), which quarantines the items stored there.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .archive import Archive
+from .chunks import ChunkStore
+from .errors import DataLoss, ExpstoreError
+from .gather import take_rows
+from .records import Archived, Demoted
+
+if TYPE_CHECKING:
+    from .table import Table
+
+
+class Mover:
+    def __init__(self, table: "Table", chunks: ChunkStore, archive: Archive | None) -> None:
+        self.table = table
+        self.chunks = chunks
+        self.placement = chunks.placement
+        self.archive = archive
+        self._pool: ThreadPoolExecutor | None = None
+        self._prefetching: set[int] = set()  # chunks being read ahead
+
+    def demote(self) -> int:
+        """One pass over the remote tier: reach it if it was never reached or its last
+        call failed (quarantining the items of chunks it turns out not to hold), delete
+        the chunks freed there, then move the oldest SSD chunks down while the SSD is over
+        its watermark (about 64 MiB), each move logged before the SSD copy is deleted.
+        Remote I/O runs outside the table lock, the chunks pinned. Returns the chunks
+        moved; raises Unavailable when the remote tier is down (the chunks stay on the
+        SSD, freed ones queued: nothing is lost)."""
+        table, placement = self.table, self.placement
+        with table.lock:
+            if table.closed or placement.remote is None:
+                return 0
+            garbage, known = placement.garbage(), placement.remote_chunks()
+        lost = None
+        with placement.remote_lock:
+            if not placement.remote.ready:  # (re)reached: does it hold what the journal put there?
+                placement.remote.probe()
+                lost = placement.lost_remote(known)
+            if garbage:
+                placement.remote.delete(garbage)
+        with table.lock:
+            placement.collected(garbage)
+            if lost is not None:
+                table.quarantine_damage(lost)
+            chosen = [] if table.closed else placement.demotion_candidates()
+        if not chosen:
+            return 0
+        record, damaged, checksums = None, None, {}
+        try:
+            try:
+                batches = placement.ssd.get(chosen)
+            except DataLoss as e:  # the chunks stay on the SSD; the others move next pass
+                damaged = e
+                return len(chosen)
+            with placement.remote_lock:  # DropTable's purge takes it after closing the table
+                for c in chosen:
+                    if table.closed:
+                        return 0
+                    checksums[c] = placement.remote.put(c, batches[c])
+            with table.lock:
+                if not table.closed:  # (a dropped table's journal is gone)
+                    done = placement.demotion_record(chosen, [batches[c].num_rows for c in chosen])
+                    table.journal(Demoted(**done))
+                    record = done
+        finally:
+            with table.lock:
+                placement.demoted(chosen, record, checksums)
+                if damaged is not None:
+                    placement.undemotable.update(damaged.damage)
+                    table.quarantine_damage(damaged)
+                elif record is None:
+                    placement.counters["demotion_failures"] += 1
+        return len(chosen)
+
+    def archive_pending(self) -> int:
+        """Upload queued chunks' archived rows to the archive dataset, then free the
+        chunks (one pass of up to 8 chunks). Only the blocks holding archived rows are
+        read; rows in damaged blocks are quarantined instead. Returns the chunks handled;
+        raises Unavailable when the remote tier is down."""
+        table, placement, archive = self.table, self.placement, self.archive
+        with table.lock:
+            if archive is None or table.closed or not archive.queue:
+                return 0
+            chosen = archive.queue[:8]
+            wanted = {c: archive.wanted(c) for c in chosen}
+            plan = placement.plan(np.concatenate([np.full(len(w[0]), c, np.int64) for c, w in wanted.items()]),
+                                  np.concatenate([w[0] for w in wanted.values()]))
+        try:
+            try:
+                batches, keys, local = placement.fetch(plan)
+            except DataLoss as e:
+                with table.lock:
+                    self.archive_damaged(e)
+                return len(chosen)
+            # take copies into fresh buffers: rows that came off the wire can sit unaligned in
+            # their IPC buffers (take_rows may hand out slices of them), which Lance refuses
+            data = take_rows(batches, keys, local, table.schema).take(np.arange(len(keys)))
+            rows, at = {}, 0
+            for c, (r, ids, reasons) in wanted.items():
+                rows[c] = Archive.annotate(data.slice(at, len(r)), ids, reasons)
+                at += len(r)
+            with placement.remote_lock:
+                checksums = {c: archive.tier.put(c, rows[c]) for c in chosen}
+            with table.lock:
+                archive.checksums.put(checksums)
+                table.journal(Archived(chunks=np.array(chosen, dtype=np.int64)))
+                archive.done(chosen)
+                placement.delete(chosen)
+                table.counters["archived_items"] += sum(r.num_rows for r in rows.values())
+        finally:
+            with table.lock:
+                placement.unpin(plan.pinned)
+        return len(chosen)
+
+    def archive_damaged(self, error: DataLoss) -> None:
+        """Chunks waiting for the archive could not be read whole (lock held): their rows
+        in damaged blocks cannot be archived and are quarantined (the items had already
+        left the table); the chunks' other archived rows are archived on the next pass."""
+        for chunk, ranges in error.damage.items():
+            ids = self.archive.drop_rows(chunk, ranges)
+            self.table.quarantine_event(chunk, self.placement.home(chunk), str(error), ids)
+            if chunk not in self.archive:  # nothing left to archive: free the chunk
+                self.table.journal(Archived(chunks=np.array([chunk], dtype=np.int64)))
+                self.archive.done([chunk])
+                self.placement.delete([chunk])
+
+    def read_ahead(self, chunks: list[int], *, if_room: bool = False) -> None:
+        """Load chunks that are not in memory into the memory cache in the background
+        (lock held): a stream's next chunks, or (``if_room``) chunks a sample read from the
+        SSD while the cache has room for them, so a restarted table warms up. Not when they
+        would take more than half the cache: they would be evicted before they are read
+        (a stream from a small cache read every chunk twice, 227 ms a batch instead of ~100)."""
+        placement = self.placement
+        ahead = [c for c in chunks if c in self.chunks and not placement.resident(c) and c not in self._prefetching]
+        size = sum(map(self.chunks.size_of, ahead))
+        if size > placement.memory.budget // 2:  # it would evict itself before it is read: read twice
+            return
+        if if_room and placement.memory.nbytes + size > placement.memory.budget:
+            return
+        if ahead:
+            self._prefetching.update(ahead)
+            placement.pin(ahead)
+            self.pool().submit(self._prefetch, ahead)
+
+    def pool(self) -> ThreadPoolExecutor:
+        """The table's read-ahead thread (started on first use)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{self.table.name}")
+        return self._pool
+
+    def _prefetch(self, chunks: list[int]) -> None:
+        """Read chunks a stream will need next into the memory cache (the read-ahead
+        thread; the chunks are pinned), so consumers of a cold stream do not wait on the disk."""
+        placement = self.placement
+        damaged = None
+        try:
+            batches = placement.get(chunks)
+        except DataLoss as e:  # quarantined now: the stream's own read will not meet it
+            batches, damaged = {}, e
+        except ExpstoreError:  # e.g. the remote tier is down: the read itself will report it
+            batches = {}
+        with self.table.lock:
+            if damaged is not None:
+                self.table.quarantine_damage(damaged)
+            for c, batch in batches.items():
+                if c in self.chunks and not placement.resident(c):
+                    placement.memory.put(c, batch)
+                    placement.counters["prefetched"] += 1
+            placement.evict()
+            placement.unpin(chunks)
+            self._prefetching.difference_update(chunks)
+
+    def remote_tiers(self) -> list:
+        """The table's remote tiers (its chunks', its archive's)."""
+        tiers = [self.placement.remote, self.archive.tier if self.archive is not None else None]
+        return [t for t in tiers if t is not None]
+
+    def close(self) -> None:
+        """Stop the read-ahead thread and the remote tiers' reader threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for tier in self.remote_tiers():
+            tier.close()
+
+    def purge(self) -> None:
+        """Delete the remote datasets (every fragment, those a crash left unrecorded too),
+        then the journal and every chunk of the table on the SSD (the table is closed).
+        If the remote tier is down, Unavailable leaves the table whole."""
+        with self.placement.remote_lock:
+            for tier in self.remote_tiers():
+                tier.delete(tier.chunk_ids())
+        with self.table.lock:
+            self.table.drop_journal()
+            self.placement.delete(self.chunks.ids())
+            self.placement.ssd.delete_all()  # orphans too, without reading them: the table's family goes

@@ -1,0 +1,280 @@
+"""The kinds of record in a durable table's journal: one frozen dataclass per kind, its
+fields the record's schema, its ``replay`` beside it.
+
+A live call builds a record and hands it to ``Table.journal`` under the table lock,
+before it applies the change (so a failed write changes nothing); ``recovery.restore``
+decodes each record after the latest snapshot (``decode``) and calls its ``replay``,
+which applies the same change through the same table methods (journal off). Records hold
+effects, never requests ("these ids were sampled"), so replay needs no randomness.
+
+On disk a record is ``journal.pack(kind, fields)``: the field names below are the
+format; a field added later has a default, for records written before it. Arrays are
+numpy arrays, string lists Python lists, the rest JSON scalars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from .quarantine import Event
+from .streams import ConsumerGroup
+
+if TYPE_CHECKING:
+    from .table import Table
+
+_ROWS = ("chunk", "row", "priority", "policy_version", "inserted_at", "group_size", "reward")
+
+
+class Record:
+    """One journal record. ``kind`` names it on disk; fields listed in ``optional`` are
+    left out of the record when None (older records lack them)."""
+
+    kind: ClassVar[str]
+    optional: ClassVar[tuple[str, ...]] = ()
+
+    def fields(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in self.optional:
+                continue
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def decode(cls, fields: dict[str, Any]) -> "Record":
+        return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls) if f.name in fields})
+
+    def replay(self, table: "Table") -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Inserted(Record):
+    """New items (``ids``; ``stored`` false: stale or late, removed at once) after the
+    remover's ``victims`` left; one value per new item in each index column."""
+
+    kind = "insert"
+    optional = ("episode", "data_version")
+    ids: np.ndarray
+    stored: np.ndarray
+    keys: list | None
+    groups: list | None
+    tasks: list | None
+    victims: np.ndarray
+    chunk: np.ndarray
+    row: np.ndarray
+    priority: np.ndarray
+    policy_version: np.ndarray
+    inserted_at: np.ndarray
+    group_size: np.ndarray
+    reward: np.ndarray
+    insert_durability: str | None = None  # records before it: none
+    episode: np.ndarray | None = None
+    data_version: np.ndarray | None = None
+
+    def index_rows(self) -> dict[str, np.ndarray]:
+        rows = {name: getattr(self, name) for name in _ROWS}
+        for name in ("episode", "data_version"):
+            if getattr(self, name) is not None:
+                rows[name] = getattr(self, name)
+        return rows
+
+    def replay(self, table: "Table") -> None:
+        table.remove_ids(self.victims, "max_size")
+        table.add_items(self.ids, self.index_rows(), self.groups, self.tasks, self.keys, self.stored)
+        table.placement.replay_written(self.chunk, self.insert_durability)
+
+
+@dataclass(frozen=True)
+class Removed(Record):
+    kind = "remove"
+    ids: np.ndarray
+    reason: str
+
+    def replay(self, table: "Table") -> None:
+        table.remove_ids(self.ids, self.reason)
+
+
+@dataclass(frozen=True)
+class Sampled(Record):
+    """A sample's items (repeated for draws with replacement); ``n`` rows returned."""
+
+    kind = "sampled"
+    ids: np.ndarray
+    n: int
+
+    def replay(self, table: "Table") -> None:
+        table.count_sampled(self.ids, int(self.n))
+
+
+@dataclass(frozen=True)
+class PrioritySet(Record):
+    kind = "priority"
+    ids: np.ndarray
+    priorities: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        table.set_priorities_of(self.ids, self.priorities)
+
+
+@dataclass(frozen=True)
+class GroupsTimedOut(Record):
+    kind = "group_timeout"
+    groups: list
+    action: str  # release | drop
+
+    def replay(self, table: "Table") -> None:
+        table.settle_groups(self.groups, self.action)
+
+
+@dataclass(frozen=True)
+class VersionSet(Record):
+    kind = "version"
+    version: int
+
+    def replay(self, table: "Table") -> None:
+        table.policy_version = int(self.version)
+
+
+@dataclass(frozen=True)
+class Compacted(Record):
+    """Live items ``ids`` (in chunk, row order) rewritten into ``chunk``."""
+
+    kind = "compact"
+    ids: np.ndarray
+    chunk: int
+
+    def replay(self, table: "Table") -> None:
+        table.move_rows(self.ids, int(self.chunk))
+
+
+@dataclass(frozen=True)
+class Demoted(Record):
+    """Chunks moved to the remote tier (``Placement.demotion_record``)."""
+
+    kind = "demote"
+    chunks: np.ndarray
+    rows: np.ndarray
+    nbytes: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        table.placement.replay_demoted(self.chunks, self.rows, self.nbytes)
+
+
+@dataclass(frozen=True)
+class Archived(Record):
+    """Chunks whose archived rows are in the archive dataset, then freed."""
+
+    kind = "archived"
+    chunks: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        table.archive.done(self.chunks.tolist())
+
+
+@dataclass(frozen=True)
+class Quarantined(Record):
+    kind = "quarantine"
+    ids: np.ndarray
+    chunk: int
+    tier: str
+    reason: str
+
+    def replay(self, table: "Table") -> None:
+        table.quarantine.add(Event(int(self.chunk), self.tier, self.reason), self.ids)
+        if table.archive is not None:  # removed items' rows it will not archive
+            table.archive.drop_ids(int(self.chunk), self.ids)
+        table.remove_ids(self.ids, "quarantined")
+
+
+# -- consumer groups (streams.py) -----------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupCreated(Record):
+    kind = "group"
+    group: str
+    position: int
+
+    def replay(self, table: "Table") -> None:
+        table.consumers.add(ConsumerGroup(self.group, int(self.position)))
+
+
+@dataclass(frozen=True)
+class Forgotten(Record):
+    """In-flight ids of a group whose items left the table."""
+
+    kind = "forget"
+    group: str
+    ids: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        table.consumers[self.group].forget(self.ids)
+
+
+@dataclass(frozen=True)
+class Delivered(Record):
+    """A stream delivery; ``deadline`` on the wall clock (the monotonic one restarts)."""
+
+    kind = "deliver"
+    group: str
+    fresh: np.ndarray
+    again: np.ndarray
+    deadline: float
+
+    def replay(self, table: "Table") -> None:
+        deadline = float(self.deadline) - time.time() + table.consumers.clock()
+        table.consumers[self.group].deliver(self.fresh.copy(), self.again, deadline)
+
+
+@dataclass(frozen=True)
+class Acked(Record):
+    kind = "ack"
+    group: str
+    ids: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        table.consumers[self.group].ack(self.ids)
+
+
+@dataclass(frozen=True)
+class Cut(Record):
+    """A training cut; its manifest goes in the same write (``Journal.append``)."""
+
+    kind = "cut"
+    group: str
+    step: int
+    tag: str
+    ids: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        g = table.consumers[self.group]
+        g.ack(self.ids)
+        g.cut(int(self.step), self.tag)
+
+
+@dataclass(frozen=True)
+class Resumed(Record):
+    """A group rewound to its cut at ``step``; later manifests are dropped in the same write."""
+
+    kind = "resume"
+    group: str
+    step: int
+
+    def replay(self, table: "Table") -> None:
+        table.consumers[self.group].resume(int(self.step))
+
+
+KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
+    Inserted, Removed, Sampled, PrioritySet, GroupsTimedOut, VersionSet, Compacted, Demoted, Archived,
+    Quarantined, GroupCreated, Forgotten, Delivered, Acked, Cut, Resumed)}
+
+
+def decode(kind: str, fields: dict[str, Any]) -> Record:
+    """The record a journal entry holds (``Journal.load``'s (kind, fields))."""
+    return KINDS[kind].decode(fields)
