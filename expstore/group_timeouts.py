@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
+import pyarrow as pa
 
 COLUMN = "group_released_partial"
 PENDING, RELEASED, DROPPED = 0, 1, 2
@@ -128,3 +129,20 @@ class GroupTimeouts:
             c = code(n)
             self._first[c] = float(t)
             heapq.heappush(self._heap, (float(t) + self.timeout_s, c))
+
+
+def with_released(data: pa.RecordBatch, released: np.ndarray, sizes: np.ndarray) -> pa.RecordBatch:
+    """Rows read back from a table with group timeouts: ``group_released_partial`` filled
+    in, and ``group_size`` corrected to what arrived for rows of released groups (of
+    the columns ``data`` has)."""
+    names = data.schema.names
+    if COLUMN in names:
+        i = names.index(COLUMN)
+        data = data.set_column(i, data.schema.field(i), pa.array(released, pa.bool_()))
+    if "group_size" in names and released.any():
+        i = names.index("group_size")
+        stored = data.column(i).to_numpy(zero_copy_only=False)
+        values = np.where(released, sizes, np.nan_to_num(stored.astype(np.float64), nan=-1)).astype(np.int64)
+        mask = ~released & data.column(i).is_null().to_numpy(zero_copy_only=False)
+        data = data.set_column(i, data.schema.field(i), pa.array(values, pa.int32(), mask=mask))
+    return data

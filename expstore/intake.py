@@ -58,6 +58,24 @@ class PreparedInsert:
         """What the rows cost the memory tier if all are stored."""
         return sum(b.get_total_buffer_size() for b in self.batches)
 
+    def chunks(self, store: np.ndarray, *, keep_dead_rows: bool) -> tuple[list[tuple[int, int, Staged]], list[int]]:
+        """The staged chunks to keep, as (first row, end row, chunk), and the ids of those
+        none of whose rows is stored (``store``: bool per row). Each prepared batch is one
+        chunk; rows not stored (duplicates, stale) are dead in it from the start, unless a
+        volatile table drops them first (``keep_dead_rows`` false: its bytes are the budget)."""
+        offsets = np.cumsum([0] + [b.num_rows for b in self.batches])
+        chunks: list[tuple[int, int, Staged]] = []
+        unused: list[int] = []
+        for s, lo, hi in zip(self.staged, offsets[:-1].tolist(), offsets[1:].tolist()):
+            keep = store[lo:hi]
+            if not keep.any():
+                unused.append(s.chunk_id)
+            elif keep.all() or keep_dead_rows:
+                chunks.append((lo, hi, s))
+            else:
+                chunks.append((lo, hi, Staged(s.chunk_id, s.batch.filter(pa.array(keep)))))
+        return chunks, unused
+
 
 class Intake:
     """The checks of one table (its resolved spec and schema). ``server_filled``: the

@@ -4,7 +4,8 @@ Every change to a table's index (inserts, removals, samples, priority and versio
 updates, compactions, moves to the remote tier, stream deliveries and acks, cuts) is
 appended as one record under the table lock, so the log order is the order the changes
 were applied. A restart loads
-the latest snapshot and replays the records after it (``Table.restore``). Records hold
+the latest snapshot and replays the records after it (``recovery.restore``; the kinds of
+record, each with its fields and replay, are in records.py). Records hold
 effects, not requests: "these ids were sampled", never "sample 256", so replay needs no
 randomness. Once the records since the last snapshot outweigh it, the table writes a new
 snapshot and the older records are deleted in the same write: replay stays bounded.

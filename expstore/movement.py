@@ -1,5 +1,6 @@
 """Moving a table's chunks between tiers: demotion to the remote tier, the archive's
-uploads, read-ahead into the memory cache, and the purge of DropTable.
+uploads (and scans), read-ahead into the memory cache, compaction of mostly-dead chunks,
+and the purge of DropTable.
 
 ``Placement`` (placement.py) decides where a chunk lives and plans reads under the table
 lock; this module does the slow part, the I/O between tiers, *outside* it. Each pass
@@ -14,15 +15,16 @@ background thread per table. Damage met on the way is handed to the table
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from .archive import Archive
 from .chunks import ChunkStore
 from .errors import DataLoss, ExpstoreError
 from .gather import take_rows
-from .records import Archived, Demoted
+from .records import Archived, Compacted, Demoted
 
 if TYPE_CHECKING:
     from .table import Table
@@ -142,6 +144,61 @@ class Mover:
                 self.table.journal(Archived(chunks=np.array([chunk], dtype=np.int64)))
                 self.archive.done([chunk])
                 self.placement.delete([chunk])
+
+    def compact(self) -> None:
+        """Rewrite mostly-dead or small chunks into one (lock held;
+        ``ChunkStore.compaction_candidates`` chooses them).
+
+        Removers other than fifo, and max_times_sampled under random sampling, leave
+        chunks with a few live rows that pin all their bytes (up to 256x the payload);
+        small inserts leave thousands of tiny chunks that make every sample slow. A pass
+        copies at most ~32 MiB of live rows under the lock: a bounded pause, repeated by
+        later calls if needed.
+        """
+        if self.table.replaying or self.archive is not None:  # archived rows must outlive compaction
+            return
+        chosen = self.chunks.compaction_candidates()
+        if not chosen:
+            return
+        ix, table = self.table.parts.index, self.table
+        slots = ix.live_slots()
+        slots = slots[np.isin(ix["chunk"][slots], chosen)]
+        slots = slots[np.lexsort((ix["row"][slots], ix["chunk"][slots]))]
+        rows = take_rows(self.chunks.get(chosen), ix["chunk"][slots], ix["row"][slots], table.schema)
+        try:
+            staged = self.chunks.stage(rows, "wal")
+            table.journal(Compacted(ids=ix["id"][slots], chunk=staged.chunk_id))
+        except ExpstoreError:  # e.g. a full disk: compaction can wait, the table goes on
+            table.counters["compaction_failures"] += 1
+            return
+        ix["chunk"][slots] = self.chunks.replace(chosen, staged)
+        ix["row"][slots] = np.arange(len(slots))
+        table.counters["compactions"] += 1
+        table.counters["compacted_rows"] += len(slots)
+
+    def scan_archive(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader | None:
+        """The archived (removed) items, with ``_item_id`` and ``_removed``, one verified
+        fragment at a time with column pushdown (no row filter: the caller filters); None
+        without an archive. A damaged fragment fails the scan with DataLoss and is
+        quarantined: later scans leave it out."""
+        if self.archive is None:
+            return None
+        with self.table.lock:
+            skip = self.table.parts.quarantine.chunks_on("archive")
+        with self.placement.remote_lock:
+            reader = self.archive.tier.scan(None if columns is None else list(columns),
+                                            checksums=self.archive.checksums, skip=skip)
+
+        def batches():
+            try:
+                yield from reader
+            except DataLoss as e:
+                with self.table.lock:
+                    for chunk in set(e.damage) - self.table.parts.quarantine.chunks_on("archive"):
+                        self.table.quarantine_event(chunk, "archive", str(e), np.zeros(0, np.uint64))
+                raise DataLoss(f"table {self.table.name!r}: {e}; later scans leave the fragment out",
+                               damage=e.damage) from None
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
     def read_ahead(self, chunks: list[int], *, if_room: bool = False) -> None:
         """Load chunks that are not in memory into the memory cache in the background

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,14 @@ class Quarantine:
     def ids(self) -> np.ndarray:
         """The quarantined item ids, in id order."""
         return np.sort(np.fromiter(self._of_item, dtype=np.uint64, count=len(self._of_item)))
+
+    @staticmethod
+    def as_rows(ids: np.ndarray, fields: list[pa.Field]) -> pa.RecordBatchReader:
+        """Quarantined items as rows: ``_item_id`` and the payload ``fields``, all null
+        (their stored bytes are damaged)."""
+        arrays = [pa.nulls(len(ids), f.type) for f in fields] + [pa.array(ids, pa.uint64())]
+        schema = pa.schema(fields + [pa.field("_item_id", pa.uint64())])
+        return pa.RecordBatchReader.from_batches(schema, [pa.RecordBatch.from_arrays(arrays, schema=schema)])
 
     def to_fields(self) -> dict:
         """The registry as journal snapshot fields."""

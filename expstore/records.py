@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from .quarantine import Event
-from .streams import ConsumerGroup
 
 if TYPE_CHECKING:
     from .table import Table
@@ -202,7 +201,7 @@ class GroupCreated(Record):
     position: int
 
     def replay(self, table: "Table") -> None:
-        table.consumers.add(ConsumerGroup(self.group, int(self.position)))
+        table.consumers.create(self.group, int(self.position))
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,19 @@ acks or deliveries is a few vectorised calls. Not thread-safe: the table holds i
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import NotFound
+from . import names
+from .admission import Admission, Wait
+from .errors import InvalidArgument, NotFound
+from .records import Acked, Cut, Delivered, Forgotten, GroupCreated, Resumed
+
+if TYPE_CHECKING:
+    from .table import Rows, Table
+
+DEFAULT_VISIBILITY_TIMEOUT = 60.0
 
 
 class ConsumerGroup:
@@ -156,9 +164,10 @@ class Consumers:
     def items(self):
         return self._groups.items()
 
-    def add(self, group: ConsumerGroup) -> ConsumerGroup:
-        self._groups[group.name] = group
-        return group
+    def create(self, name: str, position: int) -> ConsumerGroup:
+        """A new group whose first read is the item ``position`` (or the next one after)."""
+        g = self._groups[name] = ConsumerGroup(name, position)
+        return g
 
     # -- manifests of a volatile table (a durable one keeps them in its journal) ------------
 
@@ -187,3 +196,150 @@ class Consumers:
     def load(self, dicts: list[dict[str, Any]]) -> None:
         now = self.clock()
         self._groups = {d["name"]: ConsumerGroup.from_dict(d, now) for d in dicts}
+
+
+class Streams:
+    """A table's Stream, Ack, CommitCut, Resume and Manifest calls (``Table.stream`` and
+    the others hand them here). Each takes the table lock (``Table.lock``), asks the
+    consumer group what it may deliver, journals that (``Table.journal``), applies it,
+    and reads the rows after the lock is released, as a sample does."""
+
+    def __init__(self, table: "Table", consumers: Consumers) -> None:
+        self.table = table
+        self.consumers = consumers
+        self.name = table.name
+
+    def stream(self, group: str, n: int, timeout: float | None, visibility_timeout: float, start: str) -> "Rows":
+        with Admission(self.table, "stream", timeout, clock=self.consumers.clock) as adm:
+            while isinstance(outcome := self.try_stream(group, n, visibility_timeout, start), Wait):
+                self.table.wait_for_change(outcome.epoch, adm.limit(outcome))
+        return outcome
+
+    def try_stream(self, group: str, n: int, visibility_timeout: float, start: str) -> "Rows | Wait":
+        t, index = self.table, self.table.parts.index
+        if n < 1:
+            raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
+        self._check_name(group)
+        if visibility_timeout <= 0:
+            raise InvalidArgument(f"table {self.name!r}: visibility_timeout must be > 0")
+        if start not in ("earliest", "latest"):
+            raise InvalidArgument(f"table {self.name!r}: start must be 'earliest' or 'latest', got {start!r}")
+        with t.lock:
+            g = self.consumers.get(group) or self._new_group(group, start)
+            t.check_open()
+            now = self.consumers.clock()
+            again = g.expired(now, n)
+            again_slots = index.lookup(again)
+            if (again_slots < 0).any():
+                t.journal(Forgotten(group=group, ids=again[again_slots < 0]))
+                g.forget(again[again_slots < 0])
+            again, again_slots = again[again_slots >= 0], again_slots[again_slots >= 0]
+            fresh_slots = index.slots_from(g.position, n - len(again))
+            if not len(again) and not len(fresh_slots):
+                nd = g.next_deadline()
+                return Wait(f"consumer group {group!r} is caught up", t.epoch,
+                            retry_after=None if nd is None else max(0.0, nd - now))
+            fresh = index["id"][fresh_slots]
+            t.journal(Delivered(group=group, fresh=fresh, again=again, deadline=time.time() + visibility_timeout))
+            g.deliver(fresh, again, now + visibility_timeout)
+            slots = np.concatenate([again_slots, fresh_slots])
+            t.counters["stream_deliveries"] += len(slots)
+            t.record_staleness("stream", slots)
+            plan = t.plan_read(slots)
+            if t.placement.durable:  # the chunks of the next 2n unread items
+                t.read_ahead(np.unique(index["chunk"][index.slots_from(g.position, 2 * n)]).tolist())
+            t.changed()
+        return t.read(plan)
+
+    def ack(self, group: str, ids: np.ndarray) -> tuple[int, int]:
+        t = self.table
+        with t.lock:
+            g = self._group(group)
+            g.check_ack(ids, self.name)
+            t.journal(Acked(group=group, ids=ids))
+            result = g.ack(ids)
+            t.changed()
+            return result
+
+    def commit_cut(self, group: str, step: int, ids: np.ndarray, tag: str) -> int:
+        t = self.table
+        if step < 0:
+            raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
+        durability = t.spec.durability
+        with t.lock:
+            g = self.consumers.get(group)
+            if g is None and not len(ids):
+                g = self._new_group(group, "earliest")
+            g = g or self._group(group)
+            g.check_ack(ids, self.name)
+            versions = self._versions_of(ids)
+            t.journal(Cut(group=group, step=step, tag=tag, ids=ids), durability, manifest=(step, ids, versions))
+            if t.parts.journal is None:
+                self.consumers.set_manifest(step, ids, versions)
+            acked, _ = g.ack(ids)
+            g.cut(step, tag)
+            t.changed()
+        if durability == "fsync":
+            t.storage.db.sync()
+        return acked
+
+    def resume(self, group: str, step: int) -> dict[str, int]:
+        t = self.table
+        with t.lock:
+            g = self._group(group)
+            g.check_cut(step, self.name)
+            t.journal(Resumed(group=group, step=step), drop_manifests_after=step)
+            if t.parts.journal is None:
+                self.consumers.drop_manifests_after(step)
+            g.resume(step)
+            t.changed()
+            return {"position": g.position, "inflight": len(g.inflight_ids)}
+
+    def manifest(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        t = self.table
+        with t.lock:
+            parts = self.consumers.manifest(step)
+            if parts is None and t.parts.journal is not None:
+                parts = t.parts.journal.manifest(step)
+            if not parts:
+                raise NotFound(f"table {self.name!r}: no manifest for step {step} "
+                               f"(sample with step={step} to record one)")
+            ids, versions = zip(*parts)
+            return np.concatenate(ids), np.concatenate(versions)
+
+    def record_manifest(self, step: int, slots: np.ndarray) -> None:
+        """What a sample for ``step`` returned (lock held)."""
+        index, journal = self.table.parts.index, self.table.parts.journal
+        entry = (index["id"][slots].copy(), index["policy_version"][slots].copy())
+        if journal is not None:
+            journal.add_manifest(step, *entry)
+        else:
+            self.consumers.add_manifest(step, *entry)
+
+    def _new_group(self, group: str, start: str) -> ConsumerGroup:
+        """A consumer group reading from the earliest item or after the newest (lock held)."""
+        self._check_name(group)
+        position = 1 if start == "earliest" else self.table.parts.index.next_id
+        self.table.journal(GroupCreated(group=group, position=position))
+        return self.consumers.create(group, position)
+
+    def _versions_of(self, ids: np.ndarray) -> np.ndarray:
+        """Policy versions of items by id; -1 for an id no longer in the table."""
+        index = self.table.parts.index
+        slots = index.lookup(ids)
+        versions = np.full(len(ids), -1, dtype=np.int64)
+        versions[slots >= 0] = index["policy_version"][slots[slots >= 0]]
+        return versions
+
+    def _group(self, group: str) -> ConsumerGroup:
+        g = self.consumers.get(group)
+        if g is None:
+            self._check_name(group)
+            raise NotFound(f"table {self.name!r}: no consumer group {group!r}")
+        return g
+
+    def _check_name(self, group: str) -> None:
+        try:
+            names.check_consumer_group(group)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"table {self.name!r}: {e}") from None

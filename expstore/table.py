@@ -41,7 +41,7 @@ from typing import Callable, Hashable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from . import group_timeouts, ingest_checks, names, recovery
+from . import group_timeouts, ingest_checks, recovery
 from . import schema as protocol
 from .admission import Admission, Wait
 from .archive import Archive
@@ -54,17 +54,17 @@ from .movement import Mover
 from .parts import Backing, Parts
 from .placement import Placement, ReadPlan, Staged
 from .quarantine import Event, Quarantine
-from .records import (Acked, Compacted, Cut, Delivered, Forgotten, GroupCreated, GroupsTimedOut, Inserted,
-                      PrioritySet, Quarantined, Record, Removed, Resumed, Sampled, VersionSet)
+from .records import (GroupsTimedOut, Inserted, PrioritySet, Quarantined, Record, Removed, Sampled,
+                      VersionSet)
 from .samplers.base import Codebook, Items
+from .samplers.capped import sample_capped
 from .spec import TableSpec
-from .streams import ConsumerGroup, Consumers
+from .streams import DEFAULT_VISIBILITY_TIMEOUT, Consumers, Streams
 from .tiers.checksums import RemoteChecksums
 from .turns import Line, Turn
 
 log = logging.getLogger("expstore.table")
 
-DEFAULT_VISIBILITY_TIMEOUT = 60.0
 # Upper bounds (policy versions behind the table's) of the staleness counts in stats.
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
 
@@ -126,6 +126,7 @@ class Table:
         self._archive, self._quarantine, self._journal = parts.archive, parts.quarantine, parts.journal
         self._timeouts, self._checks, self._lineage = parts.timeouts, parts.checks, parts.lineage
         self._mover = Mover(self, parts.chunks, parts.archive)
+        self._streams = Streams(self, parts.consumers)
         self._intake = Intake(spec, self.schema, parts.checks, durable=parts.journal is not None,
                               server_filled=parts.timeouts is not None,
                               versioned="data_version" in self.schema.names and spec.sampler.mixed)
@@ -173,7 +174,7 @@ class Table:
                 with self._cond:
                     slots = self._index.lookup(ids)
                     stored_ids = ids[slots >= 0]
-                    snap = self._snapshot(slots[slots >= 0])
+                    snap = self.plan_read(slots[slots >= 0])
                 columns = [c for c in ingest_checks.REFERENCE_COLUMNS if c in self.schema.names]
                 stored = pa.Table.from_batches([self._gather(snap, columns).data])
             except ExpstoreError as e:  # a tier down, damage: compare within the insert only
@@ -218,7 +219,7 @@ class Table:
             line = self._lines["insert"]
             if (held := self._held(line, turn)) is not None:
                 return held
-            self._check_open()
+            self.check_open()
             self._tick()
             ids, new = self._dedup(prep.keys, prep.num_rows)
             n_new = int(new.sum())
@@ -234,7 +235,7 @@ class Table:
             if not self._limiter.can_insert(n_new):
                 return Wait(f"rate limiter: {n_new} inserts must wait for samples", self._epoch)
             with self._admitted(line, turn):
-                result = self._apply_insert(prep, prep.staged, ids, new, prep.durability)
+                result = self._apply_insert(prep, ids, new, prep.durability)
             prep.staged.clear()
         if prep.durability == "fsync":
             self.storage.db.sync()  # one fsync covers every write before it: group commit
@@ -247,8 +248,8 @@ class Table:
                 self._chunks.placement.delete([s.chunk_id for s in prep.staged])
                 prep.staged.clear()
 
-    def _apply_insert(self, prep: PreparedInsert, staged: list[Staged], ids: np.ndarray,
-                      new: np.ndarray, durability: str) -> InsertResult:
+    def _apply_insert(self, prep: PreparedInsert, ids: np.ndarray, new: np.ndarray,
+                      durability: str) -> InsertResult:
         n = prep.num_rows
         n_new = int(new.sum())
         if prep.references is not None:
@@ -262,32 +263,14 @@ class Table:
         if n_store > self.spec.max_size:
             raise InvalidArgument(f"table {self.name!r}: an insert of {n_store} rows exceeds "
                                   f"max_size={self.spec.max_size}; split it")
-        # Each prepared batch is one chunk; rows of duplicates or stale rows are dead in
-        # it from the start (a volatile table drops them first: its bytes are the budget).
-        offsets = np.cumsum([0] + [b.num_rows for b in prep.batches])
-        chunks: list[tuple[int, int, Staged]] = []
-        unused: list[int] = []
-        for s, lo, hi in zip(staged, offsets[:-1].tolist(), offsets[1:].tolist()):
-            keep = store[lo:hi]
-            if not keep.any():
-                unused.append(s.chunk_id)
-            elif keep.all() or self._journal is not None:
-                chunks.append((lo, hi, s))
-            else:
-                chunks.append((lo, hi, Staged(s.chunk_id, s.batch.filter(pa.array(keep)))))
+        chunks, unused = prep.chunks(store, keep_dead_rows=self._journal is not None)
         nbytes = sum(s.batch.get_total_buffer_size() for _, _, s in chunks)
         # Chosen before the new rows enter: the remover never evicts a row of this insert
         # (Reverb's code inserts first, then removes; its docs say what we do).
         victims = self._victims(len(self._index) + n_store - self.spec.max_size)
         if self._journal is None:
             self._check_budget(nbytes, victims)
-        chunk_of_row = np.full(n, -1, dtype=np.int64)
-        row_in_chunk = np.zeros(n, dtype=np.int64)
-        for lo, hi, s in chunks:
-            keep = store[lo:hi]
-            chunk_of_row[lo:hi][keep] = s.chunk_id
-            row_in_chunk[lo:hi][keep] = np.flatnonzero(keep) if s.batch.num_rows == hi - lo \
-                else np.arange(int(keep.sum()))
+        chunk_of_row, row_in_chunk = _rows_in_chunks(chunks, store)
         # Index every new row; stale ones are removed again at once (ids stay unique).
         new_rows = np.flatnonzero(new)
         rows = dict(
@@ -323,8 +306,8 @@ class Table:
             self._lineage.purge(self._live, len(self._index))
         self.counters["inserted_bytes"] += nbytes
         self.counters["duplicates"] += n - n_new
-        self._maybe_compact()
-        self._changed()
+        self._mover.compact()
+        self.changed()
         return InsertResult(ids, n_new, n - n_new, int((stale & new).sum()))
 
     def add_items(self, ids: np.ndarray, rows: dict[str, np.ndarray], groups, tasks,
@@ -386,7 +369,7 @@ class Table:
             line = self._lines["sample"]
             if (held := self._held(line, turn)) is not None:
                 return held
-            self._check_open()
+            self.check_open()
             self._tick()
             self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
             if not line.first(turn):
@@ -428,7 +411,8 @@ class Table:
         under max_times_sampled, the journal record and the rows' read plan."""
         capped = self.spec.max_times_sampled > 0
         if capped and self._sampler.with_replacement:
-            slots, probabilities, weights, done = self._sample_capped(n, kw)
+            slots, probabilities, weights, done = sample_capped(
+                self._sampler, self._index["times_sampled"], self.spec.max_times_sampled, n, self._rng, **kw)
         else:
             sel = self._sampler.sample(n, self._rng, **kw)
             slots, probabilities, weights = sel.slots, sel.probabilities, sel.weights
@@ -442,12 +426,12 @@ class Table:
             slots, probabilities, weights = slots[order], probabilities[order], weights[order]
         self.journal(Sampled(ids=self._index["id"][slots], n=len(slots)))
         self._sampled(len(slots))  # fewer than n: groups released partial
-        self._record_staleness("sample", slots)
+        self.record_staleness("sample", slots)
         if step is not None:
-            self._record_manifest(step, slots)
-        rows = self._snapshot(slots, probabilities=probabilities, weights=weights)
+            self._streams.record_manifest(step, slots)
+        rows = self.plan_read(slots, probabilities=probabilities, weights=weights)
         self.remove_slots(done, "max_times_sampled", in_sampler=False)
-        self._changed()
+        self.changed()
         return rows
 
     # -- group timeouts (group_timeouts.py) ------------------------------------------
@@ -464,7 +448,7 @@ class Table:
             action = self.spec.group_timeout_action
             self.journal(GroupsTimedOut(groups=[self._groups.name(c) for c in forming.tolist()], action=action))
             self._settle(forming, action)
-            self._changed()
+            self.changed()
 
     def _settle(self, codes: np.ndarray, action: str) -> None:
         """Time out forming groups (lock held; replay too): release them, their members'
@@ -499,33 +483,13 @@ class Table:
         self._limiter.sample(n)
         self.counters["samples"] += n
 
-    def _record_staleness(self, op: str, slots: np.ndarray) -> None:
+    def record_staleness(self, op: str, slots: np.ndarray) -> None:
         """Count returned items by how many policy versions they are behind the table's
         (ahead of it counts as 0): one vectorised bucketing per batch, for the stats."""
         behind = np.maximum(self.policy_version - self._index["policy_version"][slots], 0)
         self._staleness[op] += np.bincount(np.searchsorted(STALENESS_BUCKETS, behind),
                                            minlength=len(STALENESS_BUCKETS) + 1)
         self.counters[f"staleness.{op}.sum"] += int(behind.sum())
-
-    def _sample_capped(self, n: int, kw: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Sample with replacement while no item exceeds max_times_sampled, as Reverb's
-        one-at-a-time sampling would: draws beyond an item's allowance are rejected, items
-        that reach it leave the sampler, and the rejected draws are redrawn. Each round
-        accepts at least one draw. Returns (slots, probabilities, weights, exhausted)."""
-        ts, cap = self._index["times_sampled"], self.spec.max_times_sampled
-        parts, exhausted, left = [], [], n
-        while left:
-            sel = self._sampler.sample(left, self._rng, **kw)
-            keep = occurrence_rank(sel.slots) < cap - ts[sel.slots]
-            taken = sel.slots[keep]
-            np.add.at(ts, taken, 1)
-            parts.append((taken, sel.probabilities[keep], sel.weights[keep]))
-            left -= len(taken)
-            done = np.unique(taken[ts[taken] >= cap])
-            self._sampler.remove(done)
-            exhausted.append(done)
-        slots, probabilities, weights = (np.concatenate(x) for x in zip(*parts))
-        return slots, probabilities, weights, np.concatenate(exhausted)
 
     def update_priorities(self, item_ids, priorities) -> PriorityUpdate:
         """Set the priorities of the live items among ``item_ids``, in call order (the
@@ -548,7 +512,7 @@ class Table:
             if len(slots):
                 self.journal(PrioritySet(ids=self._index["id"][slots], priorities=pr))
                 self._set_priorities(slots, pr)
-                self._changed()
+                self.changed()
             return PriorityUpdate(len(slots), unknown)
 
     def _set_priorities(self, slots: np.ndarray, pr: np.ndarray) -> None:
@@ -576,7 +540,7 @@ class Table:
                 live = self._index.live_slots()
                 stale = live[self._index["policy_version"][live] < self._stale_cutoff()]
                 self.remove_slots(stale, "stale")
-            self._changed()
+            self.changed()
             return len(stale)
 
     # -- streams ----------------------------------------------------------------------
@@ -586,65 +550,19 @@ class Table:
         """Deliver up to n items to a consumer group, in insertion order: first redeliveries
         of expired unacked items, then unread ones. Blocks (up to ``timeout``) until at
         least one is available."""
-        with Admission(self, "stream", timeout, clock=self._clock) as adm:
-            while isinstance(outcome := self.try_stream(group, n, visibility_timeout, start), Wait):
-                self.wait_for_change(outcome.epoch, adm.limit(outcome))
-        return outcome
+        return self._streams.stream(group, n, timeout, visibility_timeout, start)
 
     def try_stream(self, group: str, n: int, visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
                    start: str = "earliest") -> Rows | Wait:
         """One attempt to deliver to a consumer group (admission.py): the rows, or a
         ``Wait`` while the group is caught up (``retry_after``: when its next unacked
         item falls due for redelivery)."""
-        if n < 1:
-            raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
-        self._check_group_name(group)
-        if visibility_timeout <= 0:
-            raise InvalidArgument(f"table {self.name!r}: visibility_timeout must be > 0")
-        if start not in ("earliest", "latest"):
-            raise InvalidArgument(f"table {self.name!r}: start must be 'earliest' or 'latest', got {start!r}")
-        with self._cond:
-            g = self._consumers.get(group) or self._new_group(group, start)
-            self._check_open()
-            now = self._clock()
-            again = g.expired(now, n)
-            again_slots = self._index.lookup(again)
-            if (again_slots < 0).any():
-                self.journal(Forgotten(group=group, ids=again[again_slots < 0]))
-                g.forget(again[again_slots < 0])
-            again, again_slots = again[again_slots >= 0], again_slots[again_slots >= 0]
-            fresh_slots = self._index.slots_from(g.position, n - len(again))
-            if not len(again) and not len(fresh_slots):
-                nd = g.next_deadline()
-                return Wait(f"consumer group {group!r} is caught up", self._epoch,
-                            retry_after=None if nd is None else max(0.0, nd - now))
-            fresh = self._index["id"][fresh_slots]
-            self.journal(Delivered(group=group, fresh=fresh, again=again, deadline=time.time() + visibility_timeout))
-            g.deliver(fresh, again, now + visibility_timeout)
-            slots = np.concatenate([again_slots, fresh_slots])
-            self.counters["stream_deliveries"] += len(slots)
-            self._record_staleness("stream", slots)
-            rows = self._snapshot(slots)
-            if self._chunks.placement.durable:  # the chunks of the next 2n unread items
-                self._mover.read_ahead(np.unique(self._index["chunk"][self._index.slots_from(g.position, 2 * n)]).tolist())
-            self._changed()
-        return self._gather(rows)
-
-    def _prefetcher(self):
-        """The read-ahead thread (``Mover.pool``)."""
-        return self._mover.pool()
+        return self._streams.try_stream(group, n, visibility_timeout, start)
 
     def ack(self, group: str, item_ids) -> tuple[int, int]:
         """Ack items delivered to a group; (newly acked, already acked). An id never
         delivered to the group is NOT_FOUND and nothing is acked."""
-        ids = self._intake.item_ids(item_ids)
-        with self._cond:
-            g = self._group(group)
-            g.check_ack(ids, self.name)
-            self.journal(Acked(group=group, ids=ids))
-            result = g.ack(ids)
-            self._changed()
-            return result
+        return self._streams.ack(group, self._intake.item_ids(item_ids))
 
     def commit_cut(self, group: str, step: int, item_ids=(), tag: str = "") -> int:
         """A trainer's training cut, atomically: ack ``item_ids`` (what step ``step``
@@ -655,41 +573,22 @@ class Table:
         newly acked. ``resume(group, step)`` later redelivers exactly what came after.
         A cut with no ids creates a group that has not read yet (at the earliest item),
         so that a trainer can mark step 0 before its first read."""
-        ids = self._intake.item_ids(item_ids)
-        if step < 0:
-            raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
-        with self._cond:
-            g = self._consumers.get(group)
-            if g is None and not len(ids):
-                g = self._new_group(group, "earliest")
-            g = g or self._group(group)
-            g.check_ack(ids, self.name)
-            versions = self._versions_of(ids)
-            self.journal(Cut(group=group, step=step, tag=tag, ids=ids), self.spec.durability,
-                         manifest=(step, ids, versions))
-            if self._journal is None:
-                self._consumers.set_manifest(step, ids, versions)
-            acked, _ = g.ack(ids)
-            g.cut(step, tag)
-            self._changed()
-        if self.spec.durability == "fsync":
-            self.storage.db.sync()
-        return acked
+        return self._streams.commit_cut(group, step, self._intake.item_ids(item_ids), tag)
 
     def resume(self, group: str, step: int) -> dict[str, int]:
         """Rewind a consumer group to its cut at ``step``: what was in flight then is
         delivered again first, then everything after the cut's position, acked or not
         (a trainer restarting from its step-``step`` checkpoint retrains step+1 on).
         The manifests of later steps are forgotten: those steps will be trained again."""
-        with self._cond:
-            g = self._group(group)
-            g.check_cut(step, self.name)
-            self.journal(Resumed(group=group, step=step), drop_manifests_after=step)
-            if self._journal is None:
-                self._consumers.drop_manifests_after(step)
-            g.resume(step)
-            self._changed()
-            return {"position": g.position, "inflight": len(g.inflight_ids)}
+        return self._streams.resume(group, step)
+
+    def manifest(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids, policy versions) sampled for training step ``step``, in order."""
+        return self._streams.manifest(step)
+
+    def _prefetcher(self):
+        """The read-ahead thread (``Mover.pool``)."""
+        return self._mover.pool()
 
     def demote(self) -> int:
         """One pass of the store's mover over the remote tier (``Mover.demote``)."""
@@ -705,52 +604,6 @@ class Table:
         left unrecorded too): if it is down, Unavailable leaves the table whole."""
         self._mover.purge()
 
-    def _new_group(self, group: str, start: str) -> ConsumerGroup:
-        """A consumer group reading from the earliest item or after the newest (lock held)."""
-        self._check_group_name(group)
-        position = 1 if start == "earliest" else self._index.next_id
-        self.journal(GroupCreated(group=group, position=position))
-        return self._consumers.add(ConsumerGroup(group, position))
-
-    def _versions_of(self, ids: np.ndarray) -> np.ndarray:
-        """Policy versions of items by id; -1 for an id no longer in the table."""
-        slots = self._index.lookup(ids)
-        versions = np.full(len(ids), -1, dtype=np.int64)
-        versions[slots >= 0] = self._index["policy_version"][slots[slots >= 0]]
-        return versions
-
-    def _group(self, group: str) -> ConsumerGroup:
-        g = self._consumers.get(group)
-        if g is None:
-            self._check_group_name(group)
-            raise NotFound(f"table {self.name!r}: no consumer group {group!r}")
-        return g
-
-    def _check_group_name(self, group: str) -> None:
-        try:
-            names.check_consumer_group(group)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"table {self.name!r}: {e}") from None
-
-    def manifest(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(item ids, policy versions) sampled for training step ``step``, in order."""
-        with self._cond:
-            parts = self._consumers.manifest(step)
-            if parts is None and self._journal is not None:
-                parts = self._journal.manifest(step)
-            if not parts:
-                raise NotFound(f"table {self.name!r}: no manifest for step {step} "
-                               f"(sample with step={step} to record one)")
-            ids, versions = zip(*parts)
-            return np.concatenate(ids), np.concatenate(versions)
-
-    def _record_manifest(self, step: int, slots: np.ndarray) -> None:
-        entry = (self._index["id"][slots].copy(), self._index["policy_version"][slots].copy())
-        if self._journal is not None:
-            self._journal.add_manifest(step, *entry)
-        else:
-            self._consumers.add_manifest(step, *entry)
-
     # -- reads ------------------------------------------------------------------------
 
     def get(self, item_ids) -> Rows:
@@ -758,7 +611,7 @@ class Table:
         ids = self._intake.item_ids(item_ids)
         with self._cond:
             self._tick()
-            rows = self._snapshot(self._lookup(ids))
+            rows = self.plan_read(self._lookup(ids))
         return self._gather(rows)
 
     def scan(self, columns: Sequence[str] | None = None, *, min_policy_version: int | None = None,
@@ -790,7 +643,7 @@ class Table:
             parts = []
             for lo, hi in _chunk_runs(chunks):
                 s = slots[lo:hi]
-                parts.append((self._snapshot(s), ix["inserted_at"][s].copy(),
+                parts.append((self.plan_read(s), ix["inserted_at"][s].copy(),
                               self._chunks.placement.where(int(chunks[lo]))))
         try:
             while parts:
@@ -810,39 +663,16 @@ class Table:
                     self._chunks.placement.finish(snap.plan)
 
     def scan_archive(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader | None:
-        """The archived (removed) items, with ``_item_id`` and ``_removed``, one verified
-        fragment at a time with column pushdown (no row filter: the caller filters); None
-        without an archive. A damaged fragment fails the scan with DataLoss and is
-        quarantined: later scans leave it out."""
-        if self._archive is None:
-            return None
-        with self._cond:
-            skip = self._quarantine.chunks_on("archive")
-        with self._chunks.placement.remote_lock:
-            reader = self._archive.tier.scan(None if columns is None else list(columns),
-                                             checksums=self._archive.checksums, skip=skip)
-
-        def batches():
-            try:
-                yield from reader
-            except DataLoss as e:
-                with self._cond:
-                    for chunk in set(e.damage) - self._quarantine.chunks_on("archive"):
-                        self.quarantine_event(chunk, "archive", str(e), np.zeros(0, np.uint64))
-                raise DataLoss(f"table {self.name!r}: {e}; later scans leave the fragment out",
-                               damage=e.damage) from None
-        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+        """The archived (removed) items (``Mover.scan_archive``); None without an archive."""
+        return self._mover.scan_archive(columns)
 
     def scan_quarantined(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader:
         """The quarantined items for queries: ``_item_id`` and the payload ``columns``
         (None: all), which are null (their stored bytes are damaged)."""
-        names = list(self.schema.names if columns is None else columns)
         with self._cond:
             ids = self._quarantine.ids()
-        fields = [self.schema.field(c) for c in names]
-        arrays = [pa.nulls(len(ids), f.type) for f in fields] + [pa.array(ids, pa.uint64())]
-        schema = pa.schema(fields + [pa.field("_item_id", pa.uint64())])
-        return pa.RecordBatchReader.from_batches(schema, [pa.RecordBatch.from_arrays(arrays, schema=schema)])
+        fields = [self.schema.field(c) for c in (self.schema.names if columns is None else columns)]
+        return Quarantine.as_rows(ids, fields)
 
     def remote_tiers(self) -> list:
         """The table's remote tiers (its chunks', its archive's), for checkpoints and
@@ -921,7 +751,7 @@ class Table:
             self._closed = True
             for line in self._lines.values():
                 line.closed = True
-            self._changed()
+            self.changed()
         self._mover.close()  # the read-ahead thread, the remote tiers' reader threads
 
     # -- damage -----------------------------------------------------------------------
@@ -936,7 +766,7 @@ class Table:
             tier = placement.home(chunk) if placement.durable else "memory"
             total += self._quarantine_items(chunk, ranges, tier, str(error))
         if total:
-            self._changed()
+            self.changed()
         return total
 
     def _quarantine_items(self, chunk: int, ranges: list[tuple[int, int]] | None, tier: str, reason: str) -> int:
@@ -965,9 +795,9 @@ class Table:
 
     # -- internals --------------------------------------------------------------------
 
-    def _snapshot(self, slots: np.ndarray, probabilities=None, weights=None) -> "_Snapshot":
+    def plan_read(self, slots: np.ndarray, probabilities=None, weights=None) -> "_Snapshot":
         """Per-row facts and a read plan (resident batches, other chunks pinned), taken
-        under the lock."""
+        under the lock (``read`` them after it)."""
         ix = self._index
         released = None if self._timeouts is None else self._timeouts.released(ix["group"][slots])
         return _Snapshot(
@@ -994,7 +824,7 @@ class Table:
                 schema = pa.schema([self.schema.field(c) for c in columns])
             data = take_rows(batches, keys, rows, schema)
             if snap.released is not None:
-                data = _with_released(data, snap.released, snap.group_sizes)
+                data = group_timeouts.with_released(data, snap.released, snap.group_sizes)
         finally:
             if snap.plan.pinned:
                 with self._cond:
@@ -1057,43 +887,13 @@ class Table:
             chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
             self._free(self._chunks.release(chunks.tolist(), counts.tolist()))
         self._forget(slots, reason)
-        self._maybe_compact()
+        self._mover.compact()
 
     def _free(self, chunks: list[int]) -> None:
         """Delete chunks no live item references, or queue them for the archive."""
         if self._archive is not None:
             chunks = self._archive.freed(chunks)
         self._chunks.placement.delete(chunks)
-
-    def _maybe_compact(self) -> None:
-        """Rewrite mostly-dead or small chunks into one (``ChunkStore.compaction_candidates``).
-
-        Removers other than fifo, and max_times_sampled under random sampling, leave
-        chunks with a few live rows that pin all their bytes (up to 256x the payload);
-        small inserts leave thousands of tiny chunks that make every sample slow. A pass
-        copies at most ~32 MiB of live rows under the lock: a bounded pause, repeated by
-        later calls if needed.
-        """
-        if self.replaying or self._archive is not None:  # archived rows must outlive compaction
-            return
-        chosen = self._chunks.compaction_candidates()
-        if not chosen:
-            return
-        ix = self._index
-        slots = ix.live_slots()
-        slots = slots[np.isin(ix["chunk"][slots], chosen)]
-        slots = slots[np.lexsort((ix["row"][slots], ix["chunk"][slots]))]
-        rows = take_rows(self._chunks.get(chosen), ix["chunk"][slots], ix["row"][slots], self.schema)
-        try:
-            staged = self._chunks.stage(rows, "wal")
-            self.journal(Compacted(ids=ix["id"][slots], chunk=staged.chunk_id))
-        except ExpstoreError:  # e.g. a full disk: compaction can wait, the table goes on
-            self.counters["compaction_failures"] += 1
-            return
-        ix["chunk"][slots] = self._chunks.replace(chosen, staged)
-        ix["row"][slots] = np.arange(len(slots))
-        self.counters["compactions"] += 1
-        self.counters["compacted_rows"] += len(slots)
 
     def _forget(self, slots: np.ndarray, reason: str, *, limited: bool = True) -> None:
         """Drop items from the index and the key map (remembering keys for dedup)."""
@@ -1175,11 +975,12 @@ class Table:
                 self._wake()
             raise
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise Unavailable(f"table {self.name!r} is closed")
 
-    def _changed(self) -> None:
+    def changed(self) -> None:
+        """Wake waiters after a change (lock held); write a snapshot when it is due."""
         if self._journal is not None and self._journal.wants_snapshot():
             self._write_snapshot()
         self._wake()
@@ -1288,6 +1089,18 @@ class Table:
         self._index["row"][slots[ok]] = np.flatnonzero(ok)
         self._chunks.placement.replay_written([chunk], "wal")
 
+    @property
+    def epoch(self) -> int:
+        """Changes so far (a ``Wait`` carries it; lock held)."""
+        return self._epoch
+
+    def read(self, plan: "_Snapshot") -> Rows:
+        """The rows of a plan, read with no lock held."""
+        return self._gather(plan)
+
+    def read_ahead(self, chunks: list[int]) -> None:
+        self._mover.read_ahead(chunks)
+
     def _write_snapshot(self) -> None:
         recovery.write_snapshot(self)
 
@@ -1295,6 +1108,18 @@ class Table:
         """Rebuild a durable table from its journal after a restart (recovery.py)."""
         with self._cond:
             return recovery.restore(self)
+
+def _rows_in_chunks(chunks: list[tuple[int, int, Staged]], store: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk, row within it) of each row of an insert that is stored (-1: not stored)."""
+    chunk_of_row = np.full(len(store), -1, dtype=np.int64)
+    row_in_chunk = np.zeros(len(store), dtype=np.int64)
+    for lo, hi, s in chunks:
+        keep = store[lo:hi]
+        chunk_of_row[lo:hi][keep] = s.chunk_id
+        row_in_chunk[lo:hi][keep] = np.flatnonzero(keep) if s.batch.num_rows == hi - lo \
+            else np.arange(int(keep.sum()))
+    return chunk_of_row, row_in_chunk
+
 
 def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.ndarray:
     """Codebook codes of group or task strings (an Arrow column, or a list from the
@@ -1304,40 +1129,11 @@ def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.
     return book.encode(pa.array(values, pa.string()) if isinstance(values, list) else values)
 
 
-def _with_released(data: pa.RecordBatch, released: np.ndarray, sizes: np.ndarray) -> pa.RecordBatch:
-    """Rows read back from a table with group timeouts: ``group_released_partial`` filled
-    in, and ``group_size`` corrected to what arrived for rows of released groups (of
-    the columns ``data`` has)."""
-    names = data.schema.names
-    if group_timeouts.COLUMN in names:
-        i = names.index(group_timeouts.COLUMN)
-        data = data.set_column(i, data.schema.field(i), pa.array(released, pa.bool_()))
-    if "group_size" in names and released.any():
-        i = names.index("group_size")
-        stored = data.column(i).to_numpy(zero_copy_only=False)
-        values = np.where(released, sizes, np.nan_to_num(stored.astype(np.float64), nan=-1)).astype(np.int64)
-        mask = ~released & data.column(i).is_null().to_numpy(zero_copy_only=False)
-        data = data.set_column(i, data.schema.field(i), pa.array(values, pa.int32(), mask=mask))
-    return data
-
-
 def _chunk_runs(chunks: np.ndarray) -> list[tuple[int, int]]:
     """(start, end) of each run of equal values in a sorted array."""
     starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]) if len(chunks) else np.zeros(0, np.int64)
     ends = np.append(starts[1:], len(chunks))
     return list(zip(starts.tolist(), ends.tolist()))
-
-
-def occurrence_rank(values: np.ndarray) -> np.ndarray:
-    """For each entry, how many equal entries come before it: [5, 3, 5, 5] -> [0, 0, 1, 2]."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    starts = np.ones(len(values), dtype=bool)
-    starts[1:] = ordered[1:] != ordered[:-1]
-    first = np.maximum.accumulate(np.where(starts, np.arange(len(values)), 0))
-    rank = np.empty(len(values), dtype=np.int64)
-    rank[order] = np.arange(len(values)) - first
-    return rank
 
 
 @dataclass(frozen=True)
