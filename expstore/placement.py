@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from .errors import DataLoss, NotFound
 from .tiers.checksums import RemoteChecksums
+from .tiers.base import UNBOUNDED
 from .tiers.memory import MemoryTier
 from .tiers.rocks import Layout, RocksTier
 
@@ -56,6 +57,12 @@ class ReadPlan:
 
 
 class Placement:
+    """Where a table's chunks live (see the module docstring). A ``Tier`` itself
+    (tiers/base.py), so that the conformance suite runs against what the engine really
+    calls on the tiers: ``put`` is ``stage`` then ``add`` under the caller's chunk id."""
+
+    name = "placement"
+
     def __init__(self, memory: MemoryTier, ssd: RocksTier | None = None, remote=None,
                  ssd_budget: int = 1 << 62, first_chunk: int = 0, checksums: RemoteChecksums | None = None) -> None:
         self.memory, self.ssd, self.remote = memory, ssd, remote
@@ -92,7 +99,10 @@ class Placement:
 
     def stage(self, batch: pa.RecordBatch, durability: str) -> Staged:
         """Allocate a chunk id and write the chunk to the SSD tier (no lock needed)."""
-        staged = Staged(self._new_id(), batch, volatile=durability == "memory")
+        return self._write(self._new_id(), batch, durability)
+
+    def _write(self, chunk_id: int, batch: pa.RecordBatch, durability: str) -> Staged:
+        staged = Staged(chunk_id, batch, volatile=durability == "memory")
         if self.ssd is not None:
             wb, staged.layout = self.ssd.encode(staged.chunk_id, batch)
             self.ssd.db.write(wb, durability, grows=staged.layout.stored)
@@ -105,6 +115,33 @@ class Placement:
             if staged.volatile:
                 self._volatile.add(staged.chunk_id)
             self.evict()
+
+    # -- the Tier interface (tiers/base.py) ----------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Arrow bytes of the chunks placed: in memory for a volatile table; on the SSD and
+        remote tiers for a durable one (its memory tier is their cache)."""
+        return self.memory.nbytes if self.ssd is None else self.ssd.nbytes + self._remote_nbytes
+
+    @property
+    def budget(self) -> int:
+        """A volatile table's memory budget; a durable table's bytes are unbounded (the SSD
+        budget is the watermark above which chunks move to the remote tier)."""
+        return self.memory.budget if self.ssd is None else UNBOUNDED
+
+    def __len__(self) -> int:
+        return len(self.memory) if self.ssd is None else len(self.ssd) + len(self._remote)
+
+    def size_of(self, chunk_id: int) -> int:
+        if self.ssd is None:
+            return self.memory.size_of(chunk_id)
+        return self._remote[chunk_id][1] if chunk_id in self._remote else self.ssd.size_of(chunk_id)
+
+    def put(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "wal") -> None:
+        """Place a chunk under the caller's id, as an insert does (``stage``, then ``add``)."""
+        self.reserve_ids(chunk_id + 1)
+        self.add(self._write(chunk_id, batch, "memory" if self.ssd is None else durability))
 
     # -- restart ------------------------------------------------------------------------
 
@@ -309,7 +346,8 @@ class Placement:
             self.evict()
 
     def get(self, chunk_ids: list[int]) -> dict[int, pa.RecordBatch]:
-        """Whole chunks, read under the caller's lock (compaction of resident chunks)."""
+        """Whole chunks, read under the caller's lock (compaction of resident chunks).
+        NotFound names a chunk the placement does not hold."""
         out = {c: self.memory.get_one(c) for c in chunk_ids if c in self.memory}
         rest = [c for c in chunk_ids if c not in out]
         remote = [c for c in rest if c in self._remote]
@@ -318,7 +356,7 @@ class Placement:
                 out.update(self._get_remote(remote))
         ssd = [c for c in rest if c not in self._remote]
         if ssd:
-            out.update(self.ssd.get(ssd))
+            out.update(self.ssd.get(ssd) if self.ssd is not None else self.memory.get(ssd))
         return out
 
     def _get_remote(self, chunk_ids: list[int]) -> dict[int, pa.RecordBatch]:

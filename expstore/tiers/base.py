@@ -12,6 +12,9 @@ from typing import Iterable, Protocol
 import pyarrow as pa
 
 
+UNBOUNDED = 1 << 62  # the budget of a tier whose puts nothing refuses
+
+
 class Tier(Protocol):
     name: str
 

@@ -72,6 +72,7 @@ from rocksdict import (BlockBasedOptions, Cache, Checkpoint, CompactOptions, DBC
 
 from .. import codec
 from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+from .base import UNBOUNDED
 
 COLUMN_FAMILIES = ("chunks", "journal", "meta")
 CHUNK_FAMILY = "chunks."  # + table id: a table's chunks
@@ -485,11 +486,10 @@ class RocksTier:
 
     name = "ssd"
 
-    def __init__(self, db: Database, table_id: int, budget: int = 1 << 62, *, owns_db: bool = False) -> None:
+    def __init__(self, db: Database, table_id: int, *, owns_db: bool = False) -> None:
         self.db = db
         self._owns_db = owns_db
         self._prefix = table_prefix(table_id)
-        self._budget = budget
         self._offsets: dict[int, np.ndarray] = {}  # chunk -> row offsets of its blocks
         self._checksums: dict[int, np.ndarray | None] = {}  # chunk -> CRC32 of its blocks (None: legacy)
         self._schema: dict[int, pa.Schema] = {}     # chunk -> its schema (shared objects)
@@ -515,7 +515,9 @@ class RocksTier:
 
     @property
     def budget(self) -> int:
-        return self._budget
+        """Unbounded here: a table's ``ssd_bytes`` is a watermark its placement demotes
+        above (``Placement.demotion_candidates``), not a limit on puts."""
+        return UNBOUNDED
 
     def __len__(self) -> int:
         return len(self._stored)

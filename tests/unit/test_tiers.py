@@ -1,5 +1,7 @@
 """One conformance suite for the Tier protocol (expstore/tiers/base.py), run against every
-backend: memory, RocksDB, and remote on file:// and on s3:// (a moto server on loopback)."""
+backend: memory, RocksDB, and remote on file:// and on s3:// (a moto server on loopback),
+and a table's Placement over them (memory only, and memory over RocksDB), which makes the
+calls the engine makes on the SSD tier: encode, write, commit_put, get_rows."""
 
 from __future__ import annotations
 
@@ -7,12 +9,15 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from expstore.errors import NotFound
+from expstore.gather import take_rows
+from expstore.placement import Placement
 from expstore.schema import TRAJECTORY_V1
 from expstore.synthetic import trajectories
 from expstore.tiers import MemoryTier
@@ -49,6 +54,8 @@ class Backend:
 
 
 def _closed(tier) -> None:
+    if isinstance(tier, Placement):
+        tier = tier.ssd
     close = getattr(tier, "close", None)
     if close is not None:
         close()
@@ -73,7 +80,7 @@ def _remote(base: Callable[[], str], storage_options: dict | None) -> Backend:
     return Backend("remote", new, reopen)
 
 
-BACKENDS = ["memory", "rocks", "file", "s3"]
+BACKENDS = ["memory", "rocks", "file", "s3", "placement", "placement-ssd"]
 _locations = itertools.count()
 
 
@@ -82,6 +89,11 @@ def backend(request, tmp_path_factory) -> Backend:
     kind = request.param
     if kind == "memory":
         return Backend("memory", lambda: MemoryTier(1 << 30), None)
+    if kind == "placement":  # a volatile table's
+        return Backend(kind, lambda: Placement(MemoryTier(1 << 30)), None)
+    if kind == "placement-ssd":  # a durable table's, its memory cache too small to keep a chunk
+        return Backend(kind, lambda: Placement(MemoryTier(1 << 10), open_rocks_tier(
+            str(tmp_path_factory.mktemp("rocks")), "t")), None)
     if kind == "file":
         return _remote(lambda: tmp_path_factory.mktemp("remote").as_uri(), None)
     if kind == "s3":
@@ -205,4 +217,24 @@ def test_random_operations_match_a_dict(backend, ops):
         assert len(tier) == len(model)
         assert tier.nbytes == sum(b.get_total_buffer_size() for b in model.values())
     assert {c: b.to_pydict() for c, b in tier.get(model).items()} == {c: b.to_pydict() for c, b in model.items()}
+    _closed(tier)
+
+
+def test_rows_read_as_the_engine_reads_them(backend):
+    """A table plans its reads under its lock and fetches them outside it (from the SSD:
+    ``get_rows``, the blocks in one multi-get); the rows are those ``get`` returns."""
+    if not backend.name.startswith("placement"):
+        pytest.skip("reads planned by a table's placement")
+    tier = backend.new()
+    batches = {c: chunk(5, seed=c) for c in range(3)}
+    for c, b in batches.items():
+        tier.put(c, b)
+    chunks, rows = np.array([2, 0, 2, 1]), np.array([4, 0, 1, 3])
+    plan = tier.plan(chunks, rows)
+    data = take_rows(*tier.fetch(plan), chunk(1).schema)
+    tier.finish(plan)
+    expected = [batches[c].slice(r, 1).to_pylist()[0] for c, r in zip(chunks.tolist(), rows.tolist())]
+    assert data.to_pylist() == expected
+    tier.delete([0, 1, 2])  # nothing is left pinned: the chunks go at once
+    assert (len(tier), tier.nbytes) == (0, 0)
     _closed(tier)
