@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from expstore.samplers import Prioritized
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.table import Table
 
 BATCH = 256
@@ -55,7 +55,7 @@ def _timed(fn, calls: int) -> list[float]:
     return times
 
 
-def build_table(n: int, rng: np.random.Generator, store: Store | None = None) -> tuple[Table, float]:
+def build_table(n: int, rng: np.random.Generator, store: Catalog | None = None) -> tuple[Table, float]:
     """A prioritized generic table of n items: a memory table, or one in ``store``."""
     spec = TableSpec(name="engine", kind="generic", schema=pa.schema([("x", pa.int64())]),
                      sampler=SamplerSpec(type="prioritized", alpha=0.6, beta=0.4),
@@ -72,7 +72,7 @@ def build_table(n: int, rng: np.random.Generator, store: Store | None = None) ->
 def measure_table(n: int, calls: int, tiers: str) -> dict:
     rng = np.random.default_rng(0)
     tmp = Path(tempfile.mkdtemp(prefix="expstore-engine-")) if tiers != "memory" else None
-    store = Store(tmp) if tmp is not None else None
+    store = Catalog(tmp) if tmp is not None else None
     try:
         table, build_s = build_table(n, rng, store)
         assert len(table) == n

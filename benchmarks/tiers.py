@@ -25,7 +25,7 @@ Five measurements, each against a ceiling measured in the same run where one exi
    blocks is that of the files after RocksDB's LZ4 (written to a Database and flushed).
 4. restart of 1M items (64 tokens each; --quick: 100k): a child process builds each data
    dir (the two at once) (inserts of 2048 rows, one sample(256) after each) and exits without closing (a
-   crash); ``Store(data_dir)`` is timed on the crash restart, then on clean restarts.
+   crash); ``Catalog(data_dir)`` is timed on the crash restart, then on clean restarts.
    Once with the journal's own snapshots, once with snapshots turned off for the whole
    life of the dir (``Journal.wants_snapshot`` patched in this process and the child):
    every record replayed.
@@ -66,9 +66,9 @@ from expstore import codec
 from expstore.checkpoint import Checkpointer
 from expstore.journal import Journal
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
-from expstore.tiers.remote import RemoteStore, RemoteTier
+from expstore.tiers.remote import SealedObjects, RemoteTier
 from expstore.tiers.rocks import BLOCK_BYTES, CHUNK_FAMILY, Database
 from expstore_server.main import keep_freed_memory
 
@@ -160,7 +160,7 @@ def _labelled(data: list[pa.Table], n: int, prefix: str) -> list[pa.Table]:
 def _insert_expstore(root: Path, pool: list[pa.Table], n: int, tiers: str, durability: str | None,
                      threads: int = 1) -> dict:
     pool = _labelled(pool, n + 1, "ins")  # built before the clock starts
-    store = Store(root / "data")
+    store = Catalog(root / "data")
     table = store.create_table(TableSpec("ins", tiers=tiers, memory_bytes=256 * MiB if tiers != "memory" else 64 << 30,
                                          max_size=10_000_000, sampler=SamplerSpec("uniform")))
     table.insert(pool[n], durability=durability)  # warm-up
@@ -301,7 +301,7 @@ def bench_sample(tmp: Path, quick: bool) -> dict:
     data = pool()
     root = tmp / "sample"
     remote_uri = f"file://{root}/remote"
-    open_store = lambda: Store(root / "data", remote=lambda name: RemoteTier(remote_uri, name))
+    open_store = lambda: Catalog(root / "data", remote=lambda name: RemoteTier(remote_uri, name))
     big, tiny = 8 << 30, 1 * MiB
     specs = {"memory": dict(tiers="ssd", memory_bytes=big),
              "ssd": dict(tiers="ssd", memory_bytes=tiny),
@@ -434,7 +434,7 @@ def build_restart_dir(data_dir: str, items: int, snapshots: bool) -> None:
     if not snapshots:
         _no_snapshots()
     pool = [realistic(RESTART_BATCH, tokens=RESTART_TOKENS, seed=200 + s, prefix=f"r{s}") for s in range(4)]
-    store = Store(data_dir)
+    store = Catalog(data_dir)
     # A cache above the data: the samples during the build read memory, not SSD blocks (~0.5 s each).
     table = store.create_table(TableSpec("restart", tiers="ssd", memory_bytes=4 << 30, max_size=items * 2,
                                          sampler=SamplerSpec("uniform")))
@@ -454,7 +454,7 @@ def build_restart_dir(data_dir: str, items: int, snapshots: bool) -> None:
 
 def _reopen(data_dir: Path) -> tuple[float, dict, float]:
     t0 = time.perf_counter()
-    store = Store(data_dir)
+    store = Catalog(data_dir)
     seconds = time.perf_counter() - t0
     restored = dict(store.restored["restart"])
     t1 = time.perf_counter()
@@ -529,7 +529,7 @@ def _start_moto() -> tuple[subprocess.Popen, str] | None:
     return None
 
 
-def _checkpoint_pair(store: Store, tmp: Path, remote: RemoteStore, fs: fsspec.AbstractFileSystem, dest: str,
+def _checkpoint_pair(store: Catalog, tmp: Path, remote: SealedObjects, fs: fsspec.AbstractFileSystem, dest: str,
                      rounds: int, label: str) -> dict:
     exp, ceil, links = [], [], []
     num_bytes = 0
@@ -555,10 +555,10 @@ def _checkpoint_pair(store: Store, tmp: Path, remote: RemoteStore, fs: fsspec.Ab
 def bench_checkpoint(tmp: Path, data_dir: Path, quick: bool) -> dict:
     rounds = 2 if quick else 3
     out: dict = {"rounds": rounds}
-    store = Store(data_dir)
+    store = Catalog(data_dir)
     try:
         local_root = tmp / "ckpt-remote"
-        out["file"] = _checkpoint_pair(store, tmp, RemoteStore(f"file://{local_root}"), fsspec.filesystem("file"),
+        out["file"] = _checkpoint_pair(store, tmp, SealedObjects(f"file://{local_root}"), fsspec.filesystem("file"),
                                        str(tmp / "ckpt-ceiling"), rounds, "file")
         shutil.rmtree(local_root, ignore_errors=True)
         shutil.rmtree(tmp / "ckpt-ceiling", ignore_errors=True)
@@ -574,7 +574,7 @@ def bench_checkpoint(tmp: Path, data_dir: Path, quick: bool) -> dict:
                 boto3.client("s3", endpoint_url=endpoint, **kw).create_bucket(Bucket="bench")
                 fs = s3fs.S3FileSystem(key="testing", secret="testing",
                                        client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
-                out["s3"] = _checkpoint_pair(store, tmp, RemoteStore("s3://bench/expstore", fs=fs), fs,
+                out["s3"] = _checkpoint_pair(store, tmp, SealedObjects("s3://bench/expstore", fs=fs), fs,
                                              "bench/ceiling", 1, "s3")
                 out["s3"]["endpoint"] = endpoint
             finally:
@@ -685,7 +685,7 @@ def render(t: dict) -> str:
                          _f(y["first_sample_ms"], 1), f"{x['inserts']:,}", _f(x["build_s"], 0),
                          _f(x["disk_bytes"] / 1e6)])
     note = " (--quick: 100k, not 1M)" if t.get("quick") else ""
-    parts += ["\n".join([f"7d. Restart: Store(data_dir) with {r['items']:,} items{note} x {r['tokens_per_item']} tokens, "
+    parts += ["\n".join([f"7d. Restart: Catalog(data_dir) with {r['items']:,} items{note} x {r['tokens_per_item']} tokens, "
               f"inserted {r['rows_per_insert']} rows at a time, one sample(256) after each insert",
               _table(["journal", "restart", "items", "records replayed", "seconds", "1st sample ms", "inserts",
                       "build s", "disk MB"], rows, align_left=2),

@@ -6,10 +6,10 @@ A checkpoint is the prefix ``<remote>/checkpoints/<name>/``::
     tables/<t>.lance/...     each remote dataset (a table's chunks, its archive) as it was
                              at that instant, as a Lance dataset of its own
     checkpoint.json          the format, the remote tier it was taken from, its datasets
-    _SEALED                  written last (``RemoteStore.seal``): a crash mid-upload leaves
+    _SEALED                  written last (``SealedObjects.seal``): a crash mid-upload leaves
                              nothing a restore would take
 
-Taking one (``Checkpointer.create``): ``Store.checkpoint`` takes the RocksDB checkpoint
+Taking one (``Checkpointer.create``): ``Catalog.checkpoint`` takes the RocksDB checkpoint
 (hard links, after flushing the memtables without holding the GIL) and the versions of
 the remote datasets as of the same instant; the upload and the copies then run from
 immutable files while inserts and samples go on. Remote datasets are copied, not
@@ -27,7 +27,7 @@ chunks in place and restore as they did, into the remote tier they reference.
 
 Nothing a request names makes this module write or delete outside what the call
 created: names are checked (``expstore.names``), a seal's paths must stay inside their
-prefix (``RemoteStore.sealed_files``), local work happens in a directory the call made
+prefix (``SealedObjects.sealed_files``), local work happens in a directory the call made
 for itself, and cleanup removes only that (and the datasets a failed restore created).
 """
 
@@ -49,7 +49,7 @@ import fsspec
 
 from . import names
 from .errors import AlreadyExists, DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument
-from .tiers.remote import RemoteStore
+from .tiers.remote import SealedObjects
 
 log = logging.getLogger("expstore.checkpoint")
 PREFIX = "checkpoints"
@@ -67,11 +67,11 @@ class CheckpointInfo:
 
 
 class Checkpointer:
-    """Checkpoints of one store (``expstore.store.Store``) into one RemoteStore, whose URI
+    """Checkpoints of one store (``expstore.catalog.Catalog``) into one SealedObjects, whose URI
     is that of the store's remote tier. Thread-safe: one checkpoint of a name at a time,
     any number of different names at once."""
 
-    def __init__(self, store, remote: RemoteStore) -> None:
+    def __init__(self, store, remote: SealedObjects) -> None:
         self.store = store
         self.remote = remote
         self._work = Path(store.db.path) / PREFIX
@@ -143,7 +143,7 @@ class Checkpointer:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def locate(where: str, remote: RemoteStore) -> tuple[RemoteStore, str]:
+def locate(where: str, remote: SealedObjects) -> tuple[SealedObjects, str]:
     """The store and name of a checkpoint given by its name (in ``remote``) or by its URI
     (``<root>/checkpoints/<name>``, as ``Checkpointer.create`` reports it; read with
     ``remote``'s filesystem and credentials when on the same kind of store)."""
@@ -154,10 +154,10 @@ def locate(where: str, remote: RemoteStore) -> tuple[RemoteStore, str]:
         raise InvalidArgument(f"checkpoint URI {where!r} must end in /{PREFIX}/<name>")
     root = root[:-len(PREFIX) - 1]
     same_kind = fsspec.core.split_protocol(root)[0] in remote.fs.protocol
-    return RemoteStore(root, fs=remote.fs if same_kind else None), names.check_checkpoint(name)
+    return SealedObjects(root, fs=remote.fs if same_kind else None), names.check_checkpoint(name)
 
 
-def restore(source: RemoteStore, name: str, data_dir: str | Path, remote: RemoteStore) -> Path:
+def restore(source: SealedObjects, name: str, data_dir: str | Path, remote: SealedObjects) -> Path:
     """Restore checkpoint ``name`` of ``source`` into an empty data dir and the remote tier
     ``remote``: a server started on them restores every table as it was when the
     checkpoint was taken. Refused (FAILED_PRECONDITION, nothing written) when the data dir
@@ -205,7 +205,7 @@ def restore(source: RemoteStore, name: str, data_dir: str | Path, remote: Remote
     return target
 
 
-def _descriptor(source: RemoteStore, key: str, files: dict[str, int]) -> tuple[str, dict[str, dict[str, int]]]:
+def _descriptor(source: SealedObjects, key: str, files: dict[str, int]) -> tuple[str, dict[str, dict[str, int]]]:
     """The remote tier the checkpoint was taken from, and its remote datasets
     (``tables/<x>.lance``) with their files (paths relative to the checkpoint; none for a
     dataset that did not exist yet)."""
@@ -226,7 +226,7 @@ def _descriptor(source: RemoteStore, key: str, files: dict[str, int]) -> tuple[s
     return taken_from, datasets
 
 
-def _check_own_remote(source: RemoteStore, key: str, taken_from: str, remote: RemoteStore,
+def _check_own_remote(source: SealedObjects, key: str, taken_from: str, remote: SealedObjects,
                       datasets: dict) -> None:
     if _place(taken_from) == _place(remote.uri):
         raise FailedPrecondition(

@@ -60,6 +60,7 @@ import pyarrow as pa
 
 from .. import codec
 from ..errors import AlreadyExists, DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from .base import UNBOUNDED
 
 try:  # s3fs is the optional ``s3`` extra; botocore comes with it
     from botocore.exceptions import BotoCoreError as _BotoError
@@ -149,11 +150,10 @@ class RemoteTier:
     RETAIN = timedelta(minutes=10)   # old versions (and dropped fragments' files) are kept this long
     RETRY_S = 5.0                    # after a failure, reads fail at once for this long
 
-    def __init__(self, uri: str, table: str, *, storage_options: dict | None = None, budget: int = 2**62) -> None:
+    def __init__(self, uri: str, table: str, *, storage_options: dict | None = None) -> None:
         self.key = dataset_key(table)
         self.uri = f"{uri.rstrip('/')}/{self.key}"
         self._options = storage_options
-        self._budget = budget
         self._ds: lance.LanceDataset | None = None
         self._schema: pa.Schema | None = None  # the chunks' schema, internal columns dropped
         self._fragments: dict[int, int] = {}   # chunk id -> fragment id
@@ -176,7 +176,8 @@ class RemoteTier:
 
     @property
     def budget(self) -> int:
-        return self._budget
+        """Unbounded: the bucket's size is the operator's business."""
+        return UNBOUNDED
 
     def __len__(self) -> int:
         self._open()
@@ -507,7 +508,7 @@ class RemoteTier:
         return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-class RemoteStore:
+class SealedObjects:
     """Plain sealed objects under ``uri`` (checkpoints), through fsspec.
 
     A single object is sealed by the store itself: on S3 a PUT (multipart upload, or
@@ -575,7 +576,7 @@ class RemoteStore:
             self.fs.invalidate_cache(path)
             return self.fs.exists(path)
 
-    def copy(self, keys: dict[str, str], into: "RemoteStore | None" = None) -> None:
+    def copy(self, keys: dict[str, str], into: "SealedObjects | None" = None) -> None:
         """Copy objects ``{key here: key in into}`` (``into`` defaults to this store): a hard
         link (or a copy) on a local disk, a server-side copy where one filesystem holds both
         (S3 CopyObject, concurrently), else through a local temporary file."""

@@ -30,8 +30,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from expstore import checkpoint
 from expstore.errors import ExpstoreError
 from expstore_proto.service import SERVICE, server_handler
-from expstore.store import Store
-from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, lance_storage_options
+from expstore.catalog import Catalog
+from expstore.tiers.remote import SealedObjects, RemoteTier, fsspec_filesystem, lance_storage_options
 
 from . import config as config_mod
 from .audit import AuditLog
@@ -122,12 +122,12 @@ def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = No
     r = cfg.remote
     uri = r.resolved_uri(cfg.data_dir)
     fs_args = dict(endpoint=r.endpoint, region=r.region, key=r.access_key_id, secret=r.secret())
-    remote_store = RemoteStore(uri, fs=fsspec_filesystem(uri, **fs_args))
+    remote_store = SealedObjects(uri, fs=fsspec_filesystem(uri, **fs_args))
     if restore_checkpoint:
         source, name = checkpoint.locate(restore_checkpoint, remote_store)
         checkpoint.restore(source, name, cfg.data_dir, remote_store)
     options = lance_storage_options(**fs_args) if uri.startswith(("s3://", "s3a://")) else None
-    store = Store(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
+    store = Catalog(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
                   min_free_bytes=cfg.min_free_disk_bytes, remote_uri=uri.rstrip("/"),
                   memtable_bytes=cfg.rocksdb_memtable_bytes, cache_bytes=cfg.rocksdb_cache_bytes,
                   remote_in_data_dir=uri == config_mod.RemoteConfig().resolved_uri(cfg.data_dir),
@@ -245,7 +245,7 @@ def start_flight(cfg: config_mod.ServerConfig, servicer: Servicer) -> FlightServ
     return flight
 
 
-async def _report_remote_health(store: Store, health_servicer) -> None:
+async def _report_remote_health(store: Catalog, health_servicer) -> None:
     """The health service ``REMOTE_HEALTH`` is NOT_SERVING while the remote tier fails
     (degraded: inserts and samples go on from memory and SSD)."""
     last = None

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.table import STALENESS_BUCKETS
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def wire_size(message) -> int:
 class TableCollector(Collector):
     """Table figures, read from ``Table.stats()`` when Prometheus scrapes."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Catalog) -> None:
         self._store = store
 
     def collect(self) -> Iterator[Metric]:
@@ -124,7 +124,7 @@ class ServerMetrics:
     """The server's registry: RPC instruments the servicer records into, the table
     collector, and the HTTP endpoint serving both."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Catalog) -> None:
         self._store = store
         self.registry = CollectorRegistry()
         labels = ["method", "table"]

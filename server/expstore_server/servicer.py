@@ -33,7 +33,7 @@ from expstore.errors import DeadlineExceeded, ExpstoreError, FailedPrecondition,
 from expstore_proto import arrow_ipc, framing
 from expstore_proto.service import ROWS_PAYLOAD, Malformed
 from expstore_proto.v1 import expstore_pb2 as pb
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.table import Table
 from expstore.turns import Turn
 
@@ -189,7 +189,7 @@ class _ChangeSignal:
 
 
 class Servicer:
-    def __init__(self, store: Store, config: ServerConfig, auth: Authenticator,
+    def __init__(self, store: Catalog, config: ServerConfig, auth: Authenticator,
                  audit: AuditLog | None, checkpoints=None, metrics: ServerMetrics | None = None) -> None:
         self.store = store
         self.metrics = metrics if metrics is not None else ServerMetrics(store)

@@ -17,13 +17,13 @@ from expstore import checkpoint
 from expstore.checkpoint import Checkpointer
 from expstore.errors import DataLoss, FailedPrecondition, Unavailable
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
-from expstore.tiers.remote import RemoteStore, RemoteTier
+from expstore.tiers.remote import SealedObjects, RemoteTier
 
 
-def open_store(data: Path, remote: RemoteStore) -> Store:
-    return Store(data, seed=0, remote=lambda name: RemoteTier(remote.uri, name))
+def open_store(data: Path, remote: SealedObjects) -> Catalog:
+    return Catalog(data, seed=0, remote=lambda name: RemoteTier(remote.uri, name))
 
 
 def files_under(root: Path) -> set[str]:
@@ -38,7 +38,7 @@ def traj_ids(table) -> list[str]:
 @pytest.fixture
 def live(tmp_path):
     """A store whose table ``t`` has chunks on the remote tier and an archive."""
-    remote = RemoteStore((tmp_path / "remote-a").as_uri())
+    remote = SealedObjects((tmp_path / "remote-a").as_uri())
     store = open_store(tmp_path / "a", remote)
     t = store.create_table(TableSpec("t", tiers="remote", archive=True, ssd_bytes=100_000, memory_bytes=1 << 20,
                                      max_size=150, sampler=SamplerSpec("fifo")))
@@ -65,7 +65,7 @@ def test_remote_datasets_are_copied_and_restore_after_the_live_server_cleaned_th
         ds.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
     assert not any((tmp_path / "remote-a" / "tables" / "t.lance" / "data").iterdir())
 
-    own = RemoteStore((tmp_path / "remote-b").as_uri())
+    own = SealedObjects((tmp_path / "remote-b").as_uri())
     source, name = checkpoint.locate(info.uri, own)
     checkpoint.restore(source, name, tmp_path / "b", own)
     restored = open_store(tmp_path / "b", own)
@@ -79,12 +79,12 @@ def test_remote_datasets_are_copied_and_restore_after_the_live_server_cleaned_th
 def test_a_restore_into_the_remote_tier_it_was_taken_from_is_refused(live, tmp_path):
     store, remote = live
     info = Checkpointer(store, remote).create("c1")
-    spelled_otherwise = RemoteStore(str(tmp_path / "remote-a") + "/")
+    spelled_otherwise = SealedObjects(str(tmp_path / "remote-a") + "/")
     for target in (remote, spelled_otherwise):
         with pytest.raises(FailedPrecondition, match="needs a remote tier of its own"):
             checkpoint.restore(*checkpoint.locate(info.uri, target), tmp_path / "b", target)
     # Another remote tier that already holds one of its datasets: refused as well.
-    other = RemoteStore((tmp_path / "remote-c").as_uri())
+    other = SealedObjects((tmp_path / "remote-c").as_uri())
     RemoteTier(other.uri, "t.archive").put(0, trajectories(2).to_batches()[0])
     before = files_under(tmp_path / "remote-c")
     with pytest.raises(FailedPrecondition, match="already holds tables/t.archive.lance"):
@@ -114,7 +114,7 @@ def test_inserts_go_on_during_a_checkpoint_and_what_they_acked_before_it_restore
     stop.set()
     writer.join()
     assert not errors and acked
-    own = RemoteStore((tmp_path / "remote-b").as_uri())
+    own = SealedObjects((tmp_path / "remote-b").as_uri())
     checkpoint.restore(*checkpoint.locate(info.uri, own), tmp_path / "b", own)
     restored = open_store(tmp_path / "b", own)
     ids = traj_ids(restored.table("t"))
@@ -122,7 +122,7 @@ def test_inserts_go_on_during_a_checkpoint_and_what_they_acked_before_it_restore
     restored.close()
 
 
-def crafted(tmp_path: Path, seal: dict, descriptor: dict | None = None) -> RemoteStore:
+def crafted(tmp_path: Path, seal: dict, descriptor: dict | None = None) -> SealedObjects:
     """A sealed checkpoint 'evil' whose _SEALED (and checkpoint.json) say what we like."""
     root = tmp_path / "remote-x" / "checkpoints" / "evil"
     (root / "rocksdb").mkdir(parents=True)
@@ -130,14 +130,14 @@ def crafted(tmp_path: Path, seal: dict, descriptor: dict | None = None) -> Remot
     if descriptor is not None:
         (root / "checkpoint.json").write_text(json.dumps(descriptor))
     (root / "_SEALED").write_text(json.dumps({"files": seal}))
-    return RemoteStore((tmp_path / "remote-x").as_uri())
+    return SealedObjects((tmp_path / "remote-x").as_uri())
 
 
 @pytest.mark.parametrize("path", ["../../x", "rocksdb/../../../x", "/tmp/expstore-abs-x", "rocksdb//x", "./x", ""])
 def test_a_seal_listing_a_path_outside_its_prefix_is_refused_and_nothing_is_written(tmp_path, path):
     source = crafted(tmp_path, {"rocksdb/CURRENT": 16, path: 16}, {"remote_uri": "s3://elsewhere", "datasets": {}})
     before = files_under(tmp_path)
-    own = RemoteStore((tmp_path / "remote-b").as_uri())
+    own = SealedObjects((tmp_path / "remote-b").as_uri())
     with pytest.raises(DataLoss, match="not a relative path inside its directory"):
         checkpoint.restore(source, "evil", tmp_path / "data" / "b", own)
     with pytest.raises(DataLoss, match="not a relative path inside its directory"):
@@ -155,7 +155,7 @@ def test_a_descriptor_naming_something_other_than_a_dataset_is_refused(tmp_path,
         "checkpoint.json": (tmp_path / "remote-x" / "checkpoints" / "evil" / "checkpoint.json").stat().st_size}}))
     before = files_under(tmp_path)
     with pytest.raises(DataLoss, match="not a remote dataset"):
-        checkpoint.restore(source, "evil", tmp_path / "b", RemoteStore((tmp_path / "remote-b").as_uri()))
+        checkpoint.restore(source, "evil", tmp_path / "b", SealedObjects((tmp_path / "remote-b").as_uri()))
     assert files_under(tmp_path) == before
 
 
@@ -165,7 +165,7 @@ def test_a_failed_restore_removes_what_it_wrote_and_nothing_else(live, tmp_path)
     copied = next((tmp_path / "remote-a" / "checkpoints" / "c1" / "tables" / "t.lance" / "data").iterdir())
     copied.unlink()
     copied.write_bytes(b"short")  # not the size its seal lists
-    own = RemoteStore((tmp_path / "remote-b").as_uri())
+    own = SealedObjects((tmp_path / "remote-b").as_uri())
     (tmp_path / "remote-b" / "tables" / "other.lance").mkdir(parents=True)
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "keep.txt").write_text("mine")
@@ -193,7 +193,7 @@ def test_a_failing_checkpoint_removes_only_its_own_work(live, tmp_path):
 def test_other_threads_run_while_a_checkpoint_flushes_the_memtables(tmp_path):
     """rocksdict's create_checkpoint holds the GIL while RocksDB flushes; the flush the
     checkpoint runs first must not: a thread polling RocksDB sees the flush running."""
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", max_size=10**6))
     for i in range(4):  # ~20 MB in the memtable
         t.insert(trajectories(128, tokens=4096, seed=i, id_prefix=f"m{i}"))

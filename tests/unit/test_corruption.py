@@ -15,7 +15,7 @@ from damage import flip_in_file, flip_in_sst, flip_stored, flush, fragment_file,
 from expstore import query as q
 from expstore.errors import DataLoss, DeadlineExceeded
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
 from expstore.tiers.rocks import MIN_BLOB_BYTES, table_prefix
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(180)
 META = 0xFFFFFFFF
 
 
-def stored(store: Store, table: str, chunk: int, block: int) -> tuple[bytes, bytes]:
+def stored(store: Catalog, table: str, chunk: int, block: int) -> tuple[bytes, bytes]:
     """(key, value) of a chunk's block (or META) in the SSD tier, for ``flip_stored``."""
     ssd = store.table(table)._chunks.placement.ssd
     key = ssd._key(chunk, block)
@@ -36,7 +36,7 @@ def rows(batch: pa.RecordBatch | pa.Table) -> list[dict]:
 
 
 def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_then_quarantined(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     a = store.create_table(TableSpec("a", sampler=SamplerSpec("fifo"), memory_bytes=1))
     b = store.create_table(TableSpec("b", memory_bytes=1))
     ids = a.insert(trajectories(40, tokens=1024, id_prefix="a")).item_ids
@@ -50,7 +50,7 @@ def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_the
     store.close()
     flip_stored(tmp_path / "d", *value)
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     a, b = store.table("a"), store.table("b")
     with pytest.raises(DataLoss, match=r"table 'a': SSD tier, table id 1, chunk 0, block 2: Corruption: Blob CRC "
                                        rf"mismatch.*; {hi - lo} items stored there are quarantined") as e:
@@ -72,7 +72,7 @@ def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_the
         a._write_snapshot()  # the quarantine is in the snapshot too, not only in the journal
     store.close()
 
-    store = Store(tmp_path / "d")  # quarantined for good: the snapshot says so
+    store = Catalog(tmp_path / "d")  # quarantined for good: the snapshot says so
     a = store.table("a")
     assert store.restored["a"]["lost"] == 0
     s = a.stats()
@@ -86,7 +86,7 @@ def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_the
 
 def test_a_flipped_sst_block_holding_a_small_chunk_is_data_loss_naming_it_then_quarantined(tmp_path):
     """Blocks under MIN_BLOB_BYTES stay in SST files, checked by RocksDB's block checksums."""
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     a = store.create_table(TableSpec("a", memory_bytes=1))
     small = a.insert(trajectories(3, tokens=16, id_prefix="s")).item_ids  # chunk 0: one block of ~2 KiB
     large = a.insert(trajectories(10, tokens=1024, id_prefix="l")).item_ids  # chunk 1: in a blob file
@@ -97,7 +97,7 @@ def test_a_flipped_sst_block_holding_a_small_chunk_is_data_loss_naming_it_then_q
     store.close()
     flip_in_sst(tmp_path / "d", value)
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     a = store.table("a")
     # (the RocksDB block may hold chunk 0's metadata too: then it is found damaged at start)
     with pytest.raises(DataLoss, match=r"table 'a': .*chunk 0.*Corruption: block checksum mismatch"):
@@ -111,7 +111,7 @@ def test_a_flipped_sst_block_holding_a_small_chunk_is_data_loss_naming_it_then_q
 
 
 def test_a_damaged_chunk_metadata_block_quarantines_its_items_at_start(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     a = store.create_table(TableSpec("a", memory_bytes=1))
     b = store.create_table(TableSpec("b", memory_bytes=1))
     a_ids = a.insert(trajectories(10, tokens=256, id_prefix="a")).item_ids
@@ -123,7 +123,7 @@ def test_a_damaged_chunk_metadata_block_quarantines_its_items_at_start(tmp_path)
     store.close()
     flip_stored(tmp_path / "d", *value)
 
-    store = Store(tmp_path / "d")  # starts: the damage is one chunk's, not the server's
+    store = Catalog(tmp_path / "d")  # starts: the damage is one chunk's, not the server's
     a, b = store.table("a"), store.table("b")
     s = b.stats()
     assert (s["quarantined_items"], s["quarantined_chunks"], s["items"]) == (11, 1, 6)
@@ -134,7 +134,7 @@ def test_a_damaged_chunk_metadata_block_quarantines_its_items_at_start(tmp_path)
     assert rows(a.get(a_ids).data) == a_rows
     store.close()
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     assert store.table("b").stats()["quarantined_items"] == 11 and len(store.table("b")) == 6
     assert not store.unopened
     store.close()
@@ -142,7 +142,7 @@ def test_a_damaged_chunk_metadata_block_quarantines_its_items_at_start(tmp_path)
 
 @pytest.mark.parametrize("what", ["journal", "snapshot"])
 def test_a_damaged_journal_or_snapshot_leaves_its_table_closed_and_the_others_serving(tmp_path, what):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     a = store.create_table(TableSpec("a"))
     b = store.create_table(TableSpec("b"))
     for i in range(6):  # a's journal spans several blocks before b's begins
@@ -162,7 +162,7 @@ def test_a_damaged_journal_or_snapshot_leaves_its_table_closed_and_the_others_se
     store.close()
     flip_in_sst(tmp_path / "d", value)
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     cf = "journal" if what == "journal" else "meta"
     for call in (lambda: store.table("a"), lambda: store.create_table(TableSpec("a"))):
         with pytest.raises(DataLoss, match=rf"table 'a' could not be restored at start: SSD tier \({cf}\)"
@@ -183,7 +183,7 @@ def test_a_damaged_journal_or_snapshot_leaves_its_table_closed_and_the_others_se
 
 
 def test_damaged_table_records_leave_those_tables_closed_and_the_server_up(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     a = store.create_table(TableSpec("a"))
     store.create_table(TableSpec("b"))
     a.insert(trajectories(200, tokens=8, id_prefix="a"))
@@ -194,7 +194,7 @@ def test_damaged_table_records_leave_those_tables_closed_and_the_server_up(tmp_p
     store.close()
     flip_in_sst(tmp_path / "d", value)
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     with pytest.raises(DataLoss, match="table 'a' could not be restored at start: table 'a': its record"):
         store.table("a")  # not silently gone
     assert set(store.unopened) == {"a", "b"}  # one RocksDB block held both records
@@ -205,7 +205,7 @@ def test_damaged_table_records_leave_those_tables_closed_and_the_server_up(tmp_p
 
 def remote_store(tmp_path):
     uri = (tmp_path / "remote").as_uri()
-    return uri, Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
+    return uri, Catalog(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
 
 
 def test_a_flipped_byte_in_a_remote_fragment_is_data_loss_never_wrong_rows(tmp_path):
@@ -271,7 +271,7 @@ def test_a_remote_fragment_that_does_not_decode_quarantines_its_chunk_once_the_t
 
 
 def test_queries_fail_with_data_loss_then_list_the_quarantined_items(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", memory_bytes=1))
     ids = t.insert(trajectories(30, tokens=1024, id_prefix="q")).item_ids
     value = stored(store, "t", 0, 1)
@@ -279,7 +279,7 @@ def test_queries_fail_with_data_loss_then_list_the_quarantined_items(tmp_path):
     flush(store.db)
     store.close()
     flip_stored(tmp_path / "d", *value)
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
 
     def run(sql):
         return q.query(q.store_sources(store), sql).read_all()

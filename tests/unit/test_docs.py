@@ -11,7 +11,7 @@ import pytest
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.spec import PacingSpec, RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.synthetic import trajectories
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.table import Table
 from expstore.tiers.remote import RemoteTier
 from expstore_server import config as server_config
@@ -72,7 +72,7 @@ def test_every_stats_counter_is_documented(sampler):
 
 def test_every_stats_counter_of_a_table_with_retention_windows_is_documented(tmp_path):
     uri = (tmp_path / "remote").as_uri()
-    store = Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
+    store = Catalog(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
     table = store.create_table(TableSpec(name="t", tiers="remote", archive=True, hot_retention_s=60.0,
                                          retention_bytes=1 << 30))
     table.insert(trajectories(4, groups=2))
@@ -90,7 +90,7 @@ def test_every_stats_counter_of_a_paced_table_is_documented():
 
 def test_every_stats_counter_of_a_durable_tiered_table_is_documented(tmp_path):
     uri = (tmp_path / "remote").as_uri()
-    store = Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
+    store = Catalog(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))
     table = store.create_table(TableSpec(name="t", tiers="remote", archive=True))
     table.insert(trajectories(4, groups=2))
     names = {documented_name(k) for k in table.stats()}

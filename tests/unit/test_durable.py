@@ -21,7 +21,7 @@ from expstore import codec
 from expstore.errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 from expstore.journal import Journal, pack, unpack
 from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
 from expstore.tiers.rocks import Database, Layout, RocksTier, table_prefix
@@ -72,7 +72,7 @@ SPECS = [
 def test_random_changes_and_snapshots_restore_exactly(tmp_path, monkeypatch, seed):
     rng = np.random.default_rng(seed)
     monkeypatch.setattr(Journal, "wants_snapshot", lambda self: rng.random() < 0.05)
-    store = Store(tmp_path / "d", seed=seed)
+    store = Catalog(tmp_path / "d", seed=seed)
     spec = TableSpec("t", memory_bytes=200_000, **SPECS[seed])
     t = store.create_table(spec)
     version, n_inserted = 0, 0
@@ -107,7 +107,7 @@ def test_random_changes_and_snapshots_restore_exactly(tmp_path, monkeypatch, see
     data = t.get(before["id"]).data if len(before["id"]) else None
     store.close()
 
-    store = Store(tmp_path / "d", seed=seed)
+    store = Catalog(tmp_path / "d", seed=seed)
     t = store.table("t")
     assert_same(before, state(t))
     if data is not None:
@@ -124,7 +124,7 @@ def test_heap_tie_order_survives_a_restart(tmp_path, monkeypatch, snapshot):
     the start or from a snapshot taken between updates, must give the same order."""
     take = {"now": False}
     monkeypatch.setattr(Journal, "wants_snapshot", lambda self: take["now"])
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", sampler=SamplerSpec("max_heap"), remover="min_priority", max_size=6))
     ids = t.insert(trajectories(6, tokens=8), priorities=[1.0] * 6).item_ids.tolist()
     t.update_priorities([ids[0], ids[3]], [1.0, 1.0])
@@ -138,7 +138,7 @@ def test_heap_tie_order_survives_a_restart(tmp_path, monkeypatch, snapshot):
     assert t.sample(6).item_ids.tolist() == expected
     store.close()
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert t.sample(6).item_ids.tolist() == expected
     new = t.insert(trajectories(1, tokens=8, id_prefix="new"), priorities=[3.0]).item_ids.tolist()
@@ -149,18 +149,18 @@ def test_heap_tie_order_survives_a_restart(tmp_path, monkeypatch, snapshot):
 def test_a_crash_loses_only_inserts_acknowledged_at_durability_memory_and_whole(tmp_path):
     crash = f"""
 import os
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.spec import TableSpec
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
-t = Store({str(tmp_path / "d")!r}).create_table(TableSpec("t"))
+t = Catalog({str(tmp_path / "d")!r}).create_table(TableSpec("t"))
 t.insert(trajectories(5, id_prefix="wal"), durability="wal")
 t.insert(trajectories(5, id_prefix="mem"), durability="memory")
 os._exit(0)  # like kill -9: no close, RocksDB's memtable never reaches disk
 """
     out = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     keys = sorted(t._keys.keys_of(t._index.live_slots()))
     assert keys == [f"wal-{i}" for i in range(5)], keys  # the memory-durability rows are gone whole
@@ -197,7 +197,7 @@ def test_items_acknowledged_at_wal_whose_chunk_is_gone_are_data_loss_never_dropp
     insert acknowledged at wal that is in no tier is reported and nothing is dropped (from
     the journal's records, or from a snapshot of them)."""
     monkeypatch.setattr(Journal, "wants_snapshot", lambda self: snapshot)
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t"))
     wal = t.insert(trajectories(5, id_prefix="wal"), durability="wal").item_ids
     mem = t.insert(trajectories(5, id_prefix="mem"), durability="memory").item_ids
@@ -207,14 +207,14 @@ def test_items_acknowledged_at_wal_whose_chunk_is_gone_are_data_loss_never_dropp
     store.close()
 
     saved = remove_chunk(tmp_path / "d", table_id, chunk_of[int(wal[0])])
-    store = Store(tmp_path / "d")  # the table stays closed, its data kept
+    store = Catalog(tmp_path / "d")  # the table stays closed, its data kept
     with pytest.raises(DataLoss, match=r"table 't': 5 items acknowledged at durability 'wal' or 'fsync' "
                                        r"reference 1 chunks that are in no tier .* nothing was dropped"):
         store.table("t")
     store.close()
     put_back(tmp_path / "d", saved)
     remove_chunk(tmp_path / "d", table_id, chunk_of[int(mem[0])])
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert store.restored["t"]["lost"] == 5 and t.stats()["items"] == 5
     assert t.get(wal).data.column("traj_id").to_pylist() == [f"wal-{i}" for i in range(5)]
@@ -222,7 +222,7 @@ def test_items_acknowledged_at_wal_whose_chunk_is_gone_are_data_loss_never_dropp
 
 
 def test_a_corrupt_block_is_data_loss_naming_the_chunk_never_rows(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", memory_bytes=1))  # nothing stays cached in memory
     ids = t.insert(trajectories(20, tokens=64, id_prefix="c")).item_ids
     assert t.stats()["items_ssd"] == 20
@@ -251,7 +251,7 @@ def test_journal_records_round_trip():
 
 
 def test_disk_full_is_resource_exhausted_and_applies_nothing(tmp_path):
-    store = Store(tmp_path / "d", min_free_bytes=1 << 62)  # "full" whatever the disk
+    store = Catalog(tmp_path / "d", min_free_bytes=1 << 62)  # "full" whatever the disk
     t = store.create_table(TableSpec("t"))
     with pytest.raises(ResourceExhausted, match="disk of data dir .* is full"):
         t.insert(trajectories(3, id_prefix="x"))
@@ -263,12 +263,12 @@ def test_disk_full_is_resource_exhausted_and_applies_nothing(tmp_path):
 
 def test_durable_tiers_need_a_data_dir():
     with pytest.raises(FailedPrecondition, match="needs a data dir"):
-        Store().create_table(TableSpec("t", tiers="ssd"))
-    assert Store().create_table(TableSpec("t")).spec.tiers == "memory"
+        Catalog().create_table(TableSpec("t", tiers="ssd"))
+    assert Catalog().create_table(TableSpec("t")).spec.tiers == "memory"
 
 
 def test_drop_table_deletes_its_data_and_a_new_table_of_that_name_starts_empty(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     store.create_table(TableSpec("t")).insert(trajectories(10, id_prefix="x"))
     family = store.table("t")._chunks.placement.ssd.family
     store.drop_table("t")
@@ -277,12 +277,12 @@ def test_drop_table_deletes_its_data_and_a_new_table_of_that_name_starts_empty(t
     t = store.create_table(TableSpec("t"))
     assert t.insert(trajectories(10, id_prefix="x")).num_inserted == 10
     store.close()
-    assert len(Store(tmp_path / "d").table("t")) == 10
+    assert len(Catalog(tmp_path / "d").table("t")) == 10
 
 
 def test_archive_moves_items_that_leave_the_window_to_the_remote_tier(tmp_path):
     uri = (tmp_path / "remote").as_uri()
-    open_store = lambda: Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))  # noqa: E731
+    open_store = lambda: Catalog(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))  # noqa: E731
     store = open_store()
     t = store.create_table(TableSpec("t", tiers="remote", archive=True, max_size=30, sampler=SamplerSpec("fifo")))
     for i in range(4):
@@ -307,7 +307,7 @@ def test_archive_moves_items_that_leave_the_window_to_the_remote_tier(tmp_path):
 
 
 def test_scan_yields_live_items_with_server_columns_pruned_by_the_index(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", memory_bytes=1))  # payloads come from the SSD tier
     for v in range(3):
         t.insert(trajectories(10, tokens=8, id_prefix=f"v{v}", policy_version=v))
@@ -329,12 +329,12 @@ def test_scan_yields_live_items_with_server_columns_pruned_by_the_index(tmp_path
 def test_a_stream_reads_ahead_only_what_the_cache_can_hold(tmp_path):
     """Chunks read ahead into a cache too small for them would be evicted before the
     stream reads them, and read again: a cache under twice their size gets none."""
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", sampler=SamplerSpec("fifo"), memory_bytes=100_000))  # chunks: ~77 KB
     for i in range(4):
         t.insert(trajectories(16, tokens=512, id_prefix=f"c{i}"))
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     ids = [int(i) for _ in range(4) for i in t.stream("g", 16).item_ids]
     t._prefetcher().submit(lambda: None).result()
@@ -343,12 +343,12 @@ def test_a_stream_reads_ahead_only_what_the_cache_can_hold(tmp_path):
 
 
 def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", sampler=SamplerSpec("fifo"), memory_bytes=600_000))
     for i in range(8):
         t.insert(trajectories(16, tokens=512, id_prefix=f"c{i}"))
     store.close()
-    store = Store(tmp_path / "d")  # restarted: the memory cache is cold
+    store = Catalog(tmp_path / "d")  # restarted: the memory cache is cold
     t = store.table("t")
     assert t.stats()["memory_chunks"] == 0
     first = t.stream("g", 16)
@@ -392,7 +392,7 @@ def test_a_data_dir_written_in_the_legacy_block_format_reads_back_exactly(tmp_pa
     data = [trajectories(20, tokens=n, id_prefix=f"o{n}-") for n in (16, 2048)]
     with monkeypatch.context() as m:
         m.setattr(RocksTier, "encode", legacy_encode)
-        store = Store(tmp_path / "d")
+        store = Catalog(tmp_path / "d")
         t = store.create_table(TableSpec("t"))
         old = [t.insert(d).item_ids for d in data]
         expected = rows_of(t, np.concatenate(old))  # from the memory cache
@@ -401,13 +401,13 @@ def test_a_data_dir_written_in_the_legacy_block_format_reads_back_exactly(tmp_pa
     assert raw.get("chunks", [RocksTier(raw, 1)._key(0, 0)])[0][:4] == b"EXK1"  # written the old way
     raw.close()
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert rows_of(t, np.concatenate(old)) == expected  # from the SSD tier: the cache holds nothing
     new = t.insert(trajectories(20, tokens=2048, id_prefix="n")).item_ids  # new blocks beside the old
     assert t.sample(60).data.num_rows == 60
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert rows_of(t, np.concatenate(old)) == expected and t.get(new).data.num_rows == 20
     store.drop_table("t")
@@ -475,12 +475,12 @@ def test_concurrent_fsync_callers_share_one_fsync(tmp_path):
 
 
 def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t"))
     for i in range(4):
         t.insert(trajectories(16, tokens=256, id_prefix=f"w{i}"))
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert t.stats()["items_memory"] == 0
     t.sample(64)
@@ -490,8 +490,8 @@ def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path
 
 
 def test_the_data_dir_records_its_remote_tier_and_refuses_another_while_tables_use_it(tmp_path):
-    def open_store(data_dir, uri: str, in_data_dir: bool = False, restored: bool = False) -> Store:
-        return Store(data_dir, remote=lambda name: RemoteTier(uri, name), remote_uri=uri,
+    def open_store(data_dir, uri: str, in_data_dir: bool = False, restored: bool = False) -> Catalog:
+        return Catalog(data_dir, remote=lambda name: RemoteTier(uri, name), remote_uri=uri,
                      remote_in_data_dir=in_data_dir, remote_restored=restored)
 
     inside = (tmp_path / "a" / "remote").as_uri()
@@ -523,7 +523,7 @@ def test_the_data_dir_records_its_remote_tier_and_refuses_another_while_tables_u
 
 
 def test_rocksdb_memtables_stay_within_their_budget(tmp_path):
-    store = Store(tmp_path / "d", memtable_bytes=16 << 20, cache_bytes=1 << 20)
+    store = Catalog(tmp_path / "d", memtable_bytes=16 << 20, cache_bytes=1 << 20)
     t = store.create_table(TableSpec("t", memory_bytes=1))
     for i in range(12):  # ~29 MB of rows: flushed to files on the way
         t.insert(trajectories(64, tokens=4096, id_prefix=f"m{i}"))

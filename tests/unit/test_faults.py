@@ -15,7 +15,7 @@ import s3server
 from expstore.errors import DataLoss, Unavailable
 from expstore.journal import Journal
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
 
@@ -33,7 +33,7 @@ def test_s3_down_inserts_go_on_uploads_retry_and_nothing_is_lost(tmp_path):
     s3 = s3server.start()
     uri = f"s3://{s3.bucket('faults')}/p"
     options = {**s3.lance_options, "client_max_retries": "0", "client_retry_timeout": "1"}
-    store = Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name, storage_options=options))
+    store = Catalog(tmp_path / "d", remote=lambda name: RemoteTier(uri, name, storage_options=options))
     t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1 << 20, ssd_bytes=256 << 10))
     store.start_mover(interval_s=0.05, max_backoff_s=0.2)
     inserted = []
@@ -62,11 +62,11 @@ def test_s3_down_inserts_go_on_uploads_retry_and_nothing_is_lost(tmp_path):
         s3.stop()
 
 
-def down_s3_store(tmp_path, s3, bucket: str) -> Store:
+def down_s3_store(tmp_path, s3, bucket: str) -> Catalog:
     """A store on ``tmp_path / "d"`` whose remote tier is ``bucket`` on ``s3``, failing fast."""
     uri = f"s3://{bucket}/p"
     options = {**s3.lance_options, "client_max_retries": "0", "client_retry_timeout": "1"}
-    return Store(tmp_path / "d", seed=0, remote=lambda name: RemoteTier(uri, name, storage_options=options))
+    return Catalog(tmp_path / "d", seed=0, remote=lambda name: RemoteTier(uri, name, storage_options=options))
 
 
 def listed(s3, bucket: str) -> list[int]:
@@ -161,7 +161,7 @@ def test_a_store_restores_remote_chunks_from_its_journal_while_s3_is_down(tmp_pa
 
 def test_a_chunk_the_remote_tier_lost_is_quarantined_when_it_is_read_or_the_tier_reached(tmp_path):
     uri = (tmp_path / "remote").as_uri()
-    open_store = lambda: Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))  # noqa: E731
+    open_store = lambda: Catalog(tmp_path / "d", remote=lambda name: RemoteTier(uri, name))  # noqa: E731
     store = open_store()
     t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1, ssd_bytes=1))
     ids = [t.insert(trajectories(10, tokens=64, id_prefix=f"c{i}")).item_ids for i in range(3)]
@@ -217,7 +217,7 @@ class Panic(BaseException):
 
 
 def test_the_mover_survives_a_panic_in_a_pass_and_demotes_on_the_next(tmp_path, monkeypatch):
-    store = Store(tmp_path / "d", remote=lambda name: RemoteTier(f"file://{tmp_path}/remote", name))
+    store = Catalog(tmp_path / "d", remote=lambda name: RemoteTier(f"file://{tmp_path}/remote", name))
     t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1 << 20, ssd_bytes=256 << 10))
     demote, panics = t.demote, []
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.rocks import Database, RocksTier
 
@@ -89,7 +89,7 @@ def test_a_data_dir_written_by_the_previous_format_opens_and_reads_back_exactly(
     assert raw.get("chunks", [RocksTier(raw, 1)._key(0, 0)])[0][:4] == b"EXK1"  # the previous format
     raw.close()
 
-    store = Store(data)
+    store = Catalog(data)
     assert not store.unopened
     p, s = store.table("p"), store.table("s")
     assert scanned(p) == expected["tables"]["p"]  # payloads, ids, priorities, times_sampled
@@ -100,7 +100,7 @@ def test_a_data_dir_written_by_the_previous_format_opens_and_reads_back_exactly(
     assert p.sample(44).data.num_rows == 44
     store.close()
 
-    store = Store(data)  # both formats in one table, after a restart
+    store = Catalog(data)  # both formats in one table, after a restart
     p = store.table("p")
     sampled = ("tier", "times_sampled")  # the 44 samples above counted
     assert scanned(p, sampled)[:36] == [{k: v for k, v in r.items() if k != "times_sampled"}

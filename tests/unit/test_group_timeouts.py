@@ -17,7 +17,7 @@ import pytest
 from expstore.errors import DeadlineExceeded, InvalidArgument, NotFound
 from expstore.journal import Journal
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 
@@ -197,8 +197,8 @@ def test_server_filled_column_cannot_be_written_and_config_is_checked():
 def test_deadlines_and_outcomes_survive_a_restart(tmp_path, monkeypatch, snapshots):
     monkeypatch.setattr(Journal, "wants_snapshot", lambda self: snapshots)
     wall = Wall()
-    monkeypatch.setattr(Store, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
-    store = Store(tmp_path / "d")
+    monkeypatch.setattr(Catalog, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
+    store = Catalog(tmp_path / "d")
     t = store.create_table(spec())
     t.insert(members("a", 3))           # deadline T0 + 10
     t.insert(members("r", 2))           # deadline T0 + 10, released before the restart
@@ -210,7 +210,7 @@ def test_deadlines_and_outcomes_survive_a_restart(tmp_path, monkeypatch, snapsho
     store.close()
 
     wall.now = T0 + 13.5  # restarted before b's deadline: it must not fire early ...
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     ids, sizes, partial = sample_ids(t, 8)
     assert ids == ["a-0", "a-1", "a-2", "r-0", "r-1"] and sizes == [3, 3, 3, 2, 2] and partial == [True] * 5
@@ -219,7 +219,7 @@ def test_deadlines_and_outcomes_survive_a_restart(tmp_path, monkeypatch, snapsho
     store.close()
 
     wall.now = T0 + 14  # ... nor late: measured from b's first arrival, not from the restart
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     ids, sizes, partial = sample_ids(t, 12)
     assert ids[-2:] == ["b-0", "b-1"] and sizes[-2:] == [2, 2] and partial == [True] * 7
@@ -228,16 +228,16 @@ def test_deadlines_and_outcomes_survive_a_restart(tmp_path, monkeypatch, snapsho
 
 def test_a_deadline_that_passed_while_down_fires_at_the_first_call(tmp_path, monkeypatch):
     wall = Wall()
-    monkeypatch.setattr(Store, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
-    store = Store(tmp_path / "d")
+    monkeypatch.setattr(Catalog, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
+    store = Catalog(tmp_path / "d")
     store.create_table(spec("drop")).insert(members("a", 3))
     store.close()
     wall.now = T0 + 3600
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert len(t) == 3
     assert t.stats()["removed_group_timeout"] == 3 and len(t) == 0
     store.close()
-    store = Store(tmp_path / "d")  # and the drop itself was journaled
+    store = Catalog(tmp_path / "d")  # and the drop itself was journaled
     assert len(store.table("t")) == 0
     store.close()

@@ -13,7 +13,7 @@ from expstore import ingest_checks
 from expstore.errors import InvalidArgument, Unavailable
 from expstore.schema import TRAJECTORY_V1
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.table import Table
 
 pytestmark = pytest.mark.timeout(60)
@@ -166,12 +166,12 @@ def test_references_that_cannot_be_read_leave_the_rows_unchecked(monkeypatch):
 
 
 def test_references_are_rebuilt_after_a_restart(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", ingest_checks=["extends", "group_prefix"]))
     ids = t.insert(rows(row("t1", [1, 2], turns_of(2), episode="e"),
                         row("g1", [4, 5], [("assistant", [6])], group="g"))).item_ids
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     with pytest.raises(InvalidArgument, match=rf"the episode's earlier row \(item {ids[0]}\)"):
         t.insert(rows(row("t2", [1, 3], turns_of(3), episode="e")))

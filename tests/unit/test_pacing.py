@@ -17,7 +17,7 @@ import pytest
 from expstore.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from expstore.journal import Journal
 from expstore.spec import PacingSpec, SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 
@@ -141,8 +141,8 @@ def test_reserve_on_an_unpaced_table_and_bad_specs():
 def test_reservations_and_leases_survive_a_restart(tmp_path, monkeypatch, snapshots):
     monkeypatch.setattr(Journal, "wants_snapshot", lambda self: snapshots)
     wall = Wall()
-    monkeypatch.setattr(Store, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
-    store = Store(tmp_path / "d")
+    monkeypatch.setattr(Catalog, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
+    store = Catalog(tmp_path / "d")
     t = store.create_table(paced(per_version=4, staleness=0, lease_s=10.0))
     a = t.reserve(2, timeout=0)                       # settled by one row, one left
     b = t.reserve(1, timeout=0, lease_s=100.0)        # live across the restart
@@ -152,7 +152,7 @@ def test_reservations_and_leases_survive_a_restart(tmp_path, monkeypatch, snapsh
     wall.now = T0 + 5
     store.close()
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     s = t.stats()
     assert (s["pacing_admitted"], s["pacing_live_reservations"], s["pacing_unused_rows"]) == (3, 2, 2)
@@ -164,7 +164,7 @@ def test_reservations_and_leases_survive_a_restart(tmp_path, monkeypatch, snapsh
     t.insert(rows(1, b.id, prefix="b"))
     store.close()
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     s = t.stats()
     assert (s["pacing_admitted"], s["pacing_live_reservations"]) == (3, 1)  # 4's lease is live until T0 + 15

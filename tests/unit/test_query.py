@@ -13,7 +13,7 @@ from expstore import query as q
 from expstore.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from expstore.schema import TRAJECTORY_V1
 from expstore.spec import TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
 
@@ -34,7 +34,7 @@ def with_tools(t: pa.Table, seed: int) -> pa.Table:
 
 @pytest.fixture
 def store():
-    s = Store()
+    s = Catalog()
     table = s.create_table(TableSpec(name="rollouts", max_size=10_000))
     for v in range(5):  # one chunk per policy version
         table.insert(with_tools(trajectories(60, tokens=(10, 40), policy_version=v, seed=v, id_prefix=f"v{v}",
@@ -156,7 +156,7 @@ def test_results_stream_in_batches_and_max_rows(store):
 
 def test_archived_items_are_queryable(tmp_path):
     uri = (tmp_path / "remote").as_uri()
-    store = Store(tmp_path / "data", remote=lambda name: RemoteTier(uri, name))
+    store = Catalog(tmp_path / "data", remote=lambda name: RemoteTier(uri, name))
     table = store.create_table(TableSpec(name="r", tiers="remote", archive=True, max_size=50))
     for v in range(4):
         table.insert(trajectories(25, policy_version=v, seed=v, id_prefix=f"v{v}"))

@@ -15,7 +15,7 @@ import s3server
 from test_tiers import chunk, same
 
 from expstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from expstore.tiers.remote import RemoteStore, RemoteTier, fsspec_filesystem, lance_storage_options
+from expstore.tiers.remote import SealedObjects, RemoteTier, fsspec_filesystem, lance_storage_options
 
 
 @pytest.fixture
@@ -129,12 +129,12 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(params=["file", "s3"])
-def store(request, tmp_path) -> RemoteStore:
+def store(request, tmp_path) -> SealedObjects:
     if request.param == "file":
-        return RemoteStore((tmp_path / "remote").as_uri())
+        return SealedObjects((tmp_path / "remote").as_uri())
     s3 = request.getfixturevalue("s3_server")
     uri = f"s3://{s3.bucket('store')}/ckpt"
-    return RemoteStore(uri, fs=fsspec_filesystem(uri, **s3.config))
+    return SealedObjects(uri, fs=fsspec_filesystem(uri, **s3.config))
 
 
 def test_sealed_dir_round_trip(store, tmp_path):
@@ -170,7 +170,7 @@ def test_delete_prefix_unseals_then_deletes(store, tmp_path):
 
 
 def test_a_file_of_another_size_than_its_seal_is_reported(tmp_path):
-    store = RemoteStore((tmp_path / "remote").as_uri())
+    store = SealedObjects((tmp_path / "remote").as_uri())
     _files(tmp_path / "src")
     store.put_dir(tmp_path / "src", "s")
     (tmp_path / "remote" / "s" / "a.bin").write_bytes(b"short")
@@ -194,7 +194,7 @@ def test_a_seal_listing_a_path_outside_its_prefix_is_refused_before_anything_is_
 @pytest.mark.parametrize("seal", [b"not json", b"[]", b'{"files": ["a.bin"]}', b'{"files": {"a.bin": -1}}',
                                   b'{"files": {"a.bin": "1000"}}', b'{"files": {"_SEALED": 3}}'])
 def test_a_seal_that_is_not_a_list_of_files_is_data_loss(tmp_path, seal):
-    store = RemoteStore((tmp_path / "remote").as_uri())
+    store = SealedObjects((tmp_path / "remote").as_uri())
     _files(tmp_path / "src")
     store.put_files(tmp_path / "src", "s")
     store.put_bytes(seal, "s/_SEALED")
@@ -209,7 +209,7 @@ def test_copy_is_server_side_or_a_link_and_sizes_lists_a_prefix(store, tmp_path)
     store.copy({"a/a.bin": "b/x/a.bin", "a/sub/b.txt": "b/b.txt"})
     assert store.sizes("b") == {"x/a.bin": 1000, "b.txt": 5} and store.sizes("nothing") == {}
     assert store.read("b/b.txt") == b"hello" and store.exists("b/x") and not store.exists("c")
-    other = RemoteStore((tmp_path / "other").as_uri())
+    other = SealedObjects((tmp_path / "other").as_uri())
     store.copy({"a/sub/b.txt": "y/b.txt"}, into=other)
     assert (tmp_path / "other" / "y" / "b.txt").read_bytes() == b"hello"
     with pytest.raises(NotFound, match="does not exist"):
@@ -221,7 +221,7 @@ def test_a_version_copied_and_cloned_outlives_the_cleanup_of_its_source(tmp_path
     for c in range(3):
         local.put(c, chunk(4, seed=c))
     version = local.version
-    store = RemoteStore(tmp_path.as_uri())
+    store = SealedObjects(tmp_path.as_uri())
     local.hold()
     local.delete([0, 1])  # a commit: the cleanup it would run is held off
     assert len(list((tmp_path / "tables" / "t.lance" / "data").iterdir())) == 3
@@ -244,7 +244,7 @@ def test_a_down_endpoint_is_unavailable_until_it_is_back():
     options = {**s3.lance_options, "client_max_retries": "0", "client_retry_timeout": "1"}
     tier = RemoteTier(uri, "t", storage_options=options)
     tier.put(0, chunk(2))
-    store = RemoteStore(uri, fs=fsspec_filesystem(uri, **s3.config, config_kwargs=s3.fsspec_options["config_kwargs"]))
+    store = SealedObjects(uri, fs=fsspec_filesystem(uri, **s3.config, config_kwargs=s3.fsspec_options["config_kwargs"]))
     store.check()
     s3.stop()
     with pytest.raises(Unavailable, match=f"remote tier {uri}"):

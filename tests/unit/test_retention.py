@@ -12,7 +12,7 @@ from expstore import query as q
 from expstore.errors import DeadlineExceeded, InvalidArgument
 from expstore.journal import Journal
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 from expstore.tiers.remote import RemoteTier
@@ -49,11 +49,11 @@ def remote_store(tmp_path, monkeypatch):
     """``open_store()``: a durable store with a remote tier, its tables on ``wall``."""
     wall = Wall()
     uri = (tmp_path / "remote").as_uri()
-    monkeypatch.setattr(Store, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
+    monkeypatch.setattr(Catalog, "_open", lambda self, s, storage: Table(s, seed=0, storage=storage, wall_clock=wall))
     stores = []
 
-    def open_store() -> Store:
-        stores.append(Store(tmp_path / "d", remote=lambda name: RemoteTier(uri, name)))
+    def open_store() -> Catalog:
+        stores.append(Catalog(tmp_path / "d", remote=lambda name: RemoteTier(uri, name)))
         return stores[-1]
     open_store.wall, open_store.uri = wall, uri
     yield open_store

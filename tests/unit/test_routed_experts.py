@@ -10,7 +10,7 @@ import pytest
 
 from expstore.errors import InvalidArgument
 from expstore.spec import RoutedExpertsSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 from expstore_client.batch import SampleBatch
@@ -124,12 +124,12 @@ def test_shapes_and_nulls_inside_are_refused():
 
 
 def test_stored_and_restored_by_the_ssd_tier(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", routed_experts=RoutedExpertsSpec(4, 8, 256)))
     rows, experts = rows_and_experts(4, tokens=32, spec=RoutedExpertsSpec(4, 8, 256))
     t.insert(with_experts(rows, tensor_list(experts, t.schema.field("routed_experts").type)))
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     got = store.table("t").get([1, 2, 3, 4]).data.column("routed_experts").to_pylist()
     assert got == [e.tolist() for e in experts]
     store.close()

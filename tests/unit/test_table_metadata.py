@@ -6,7 +6,7 @@ import pytest
 
 from expstore.errors import InvalidArgument
 from expstore.spec import TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore_server.convert import spec_from_proto, spec_to_proto
 
 TOKENIZER = {"tokenizer": "expstore_rl.tokenizer:CharTokenizer"}
@@ -38,10 +38,10 @@ def test_bad_metadata_is_refused_by_name(metadata, words):
 
 
 def test_metadata_is_restored_after_a_restart(tmp_path):
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     store.create_table(TableSpec(name="t", metadata=TOKENIZER))
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     try:
         assert store.table("t").spec.metadata == TOKENIZER
     finally:

@@ -11,7 +11,7 @@ import pytest
 from expstore.errors import DeadlineExceeded, InvalidArgument
 from expstore.samplers import Codebook, Fifo, GroupSampler, Items, TaskMixture, Uniform
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 
@@ -100,7 +100,7 @@ def test_quota_config_is_checked():
 def test_data_versions_restrict_a_sample_and_survive_a_restart(tmp_path):
     schema = pa.schema([("data_version", pa.int32())])
     spec = TableSpec("t", schema=schema, sampler=SamplerSpec(type="uniform", task_weights={"*": 1.0}))
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(spec)
     for version in (1, 2, 3):
         rows = trajectories(4, tasks=["math"], id_prefix=f"v{version}")
@@ -108,7 +108,7 @@ def test_data_versions_restrict_a_sample_and_survive_a_restart(tmp_path):
     got = t.sample(64, timeout=0, data_versions={"math": (2, None)}).data.column("data_version").to_pylist()
     assert set(got) == {2, 3}
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     got = t.sample(64, timeout=0, data_versions={"*": (None, 1)}).data.column("data_version").to_pylist()
     assert set(got) == {1}

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
 
@@ -34,7 +34,7 @@ def fill(table, n_inserts: int = INSERTS, rows: int = ROWS_PER_INSERT) -> None:
 def big(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiered")
     remote_uri = (root / "remote").as_uri()
-    store = Store(root / "data", seed=0, remote=lambda name: RemoteTier(remote_uri, name))
+    store = Catalog(root / "data", seed=0, remote=lambda name: RemoteTier(remote_uri, name))
     table = store.create_table(TableSpec("big", tiers="remote", memory_bytes=64 << 20, ssd_bytes=400 << 20,
                                          sampler=SamplerSpec("uniform"), max_size=10**6))
     fill(table)
@@ -80,7 +80,7 @@ def test_uniform_samples_are_uniform_across_tiers_and_rows_are_exact(big):
 
 def test_every_sampler_serves_from_a_tiered_table(tmp_path):
     remote_uri = (tmp_path / "remote").as_uri()
-    store = Store(tmp_path / "data", seed=1, remote=lambda name: RemoteTier(remote_uri, name))
+    store = Catalog(tmp_path / "data", seed=1, remote=lambda name: RemoteTier(remote_uri, name))
     samplers = [SamplerSpec("prioritized", alpha=1.0), SamplerSpec("fifo"), SamplerSpec("lifo"),
                 SamplerSpec("max_heap"), SamplerSpec("min_heap"), SamplerSpec("group", group_size=4)]
     for spec in samplers:
@@ -118,7 +118,7 @@ def test_a_restart_finds_every_item_on_its_tier(big, tmp_path):
     root = store.db.path
     store.close()
     remote_uri = (root.parent / "remote").as_uri()
-    again = Store(root, seed=0, remote=lambda name: RemoteTier(remote_uri, name))
+    again = Catalog(root, seed=0, remote=lambda name: RemoteTier(remote_uri, name))
     t = again.table("big")
     assert tier_of_items(t, durable=True) == before
     assert t.get(ids).data.equals(data)

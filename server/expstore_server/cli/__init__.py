@@ -2,7 +2,7 @@
 export a table for training-data pipelines.
 
 Talks to a running server (``--server``, ``--token``), or reads data directly: a stopped
-server's data dir (``--data-dir``: the Store opened under its lock) or a remote tier or
+server's data dir (``--data-dir``: the Catalog opened under its lock) or a remote tier or
 archive directory (``--remote``: its Lance datasets, read-only); ``console`` serves the same
 views to a browser (``expstore_server.console``). Reward functions and tools run here, in
 the CLI's processes, never in the server. Every error is one line on stderr,

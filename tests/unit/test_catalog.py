@@ -7,7 +7,7 @@ import pytest
 
 from expstore.errors import AlreadyExists, DeadlineExceeded, NotFound, Unavailable
 from expstore.spec import SamplerSpec, TableSpec
-from expstore.store import Store
+from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 
@@ -17,7 +17,7 @@ def rows(n=3, prefix="traj"):
 
 
 def test_create_and_lookup():
-    s = Store()
+    s = Catalog()
     t = s.create_table(TableSpec("a"))
     assert isinstance(t, Table) and t.name == "a"
     assert s.table("a") is t
@@ -27,7 +27,7 @@ def test_create_and_lookup():
 
 
 def test_create_existing_is_already_exists():
-    s = Store()
+    s = Catalog()
     t = s.create_table(TableSpec("a"))
     with pytest.raises(AlreadyExists, match="'a'"):
         s.create_table(TableSpec("a"))
@@ -37,7 +37,7 @@ def test_create_existing_is_already_exists():
 
 
 def test_if_not_exists_same_spec_returns_existing():
-    s = Store()
+    s = Catalog()
     schema = pa.schema([("k", pa.string())])
     spec = TableSpec("g", kind="generic", schema=schema, key_column="k",
                      sampler=SamplerSpec("prioritized", alpha=0.6))
@@ -50,7 +50,7 @@ def test_if_not_exists_same_spec_returns_existing():
 
 
 def test_if_not_exists_different_spec_is_already_exists():
-    s = Store()
+    s = Catalog()
     s.create_table(TableSpec("a", max_size=10))
     with pytest.raises(AlreadyExists, match="different"):
         s.create_table(TableSpec("a", max_size=11), if_not_exists=True)
@@ -60,13 +60,13 @@ def test_if_not_exists_different_spec_is_already_exists():
 
 
 def test_if_not_exists_creates_when_absent():
-    s = Store()
+    s = Catalog()
     t = s.create_table(TableSpec("a"), if_not_exists=True)
     assert s.table("a") is t
 
 
 def test_unknown_table_lists_known_tables():
-    s = Store()
+    s = Catalog()
     with pytest.raises(NotFound, match=r"'nope'.*none"):
         s.table("nope")
     s.create_table(TableSpec("beta"))
@@ -78,7 +78,7 @@ def test_unknown_table_lists_known_tables():
 
 
 def test_drop_closes_table_and_frees_name():
-    s = Store()
+    s = Catalog()
     t = s.create_table(TableSpec("a"))
     t.insert(rows())
     s.drop_table("a")
@@ -96,7 +96,7 @@ def test_drop_closes_table_and_frees_name():
 
 
 def test_close_closes_every_table():
-    s = Store()
+    s = Catalog()
     a, b = s.create_table(TableSpec("a")), s.create_table(TableSpec("b"))
     s.close()
     for t in (a, b):
@@ -106,7 +106,7 @@ def test_close_closes_every_table():
 
 def test_seeded_stores_sample_alike():
     def draw(seed):
-        s = Store(seed=seed)
+        s = Catalog(seed=seed)
         s.create_table(TableSpec("first"))
         t = s.create_table(TableSpec("second"))
         t.insert(rows(50))
@@ -117,7 +117,7 @@ def test_seeded_stores_sample_alike():
 
 
 def test_tables_are_independent():
-    s = Store()
+    s = Catalog()
     a, b = s.create_table(TableSpec("a")), s.create_table(TableSpec("b"))
     a.insert(rows(3))
     assert len(a) == 3 and len(b) == 0
@@ -126,11 +126,11 @@ def test_tables_are_independent():
 
 def test_a_generic_table_is_restored_with_its_schema_and_rows(tmp_path):
     schema = pa.schema([("key", pa.string()), ("value", pa.large_binary())])
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("g", kind="generic", schema=schema, key_column="key"))
     ids = t.insert(pa.table({"key": ["a", "b"], "value": [b"1", b"22"]}, schema=schema)).item_ids
     store.close()
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     assert not store.unopened
     g = store.table("g")
     assert g.schema.equals(schema)

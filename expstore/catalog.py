@@ -1,7 +1,7 @@
-"""The store: the set of tables one server owns, and the data dir they persist in.
+"""The catalog: the set of tables one server owns, and the data dir they persist in.
 
 A registry lock guards the name -> table map only; each table has its own lock, so work
-on one table never waits for another. With a data dir, the store opens its RocksDB (under
+on one table never waits for another. With a data dir, the catalog opens its RocksDB (under
 an exclusive lock: one server per dir), records each durable table's config in the meta
 column family and restores every durable table at start. Memory-only tables are volatile.
 ``checkpoint`` snapshots the data dir and the versions of the tables' remote datasets as
@@ -33,19 +33,19 @@ from rocksdict import WriteBatch
 
 from .errors import AlreadyExists, DataLoss, ExpstoreError, FailedPrecondition, NotFound, Unavailable
 from .journal import Journal
-from .spec import TableSpec
 from .parts import Backing
+from .spec import TableSpec
 from .table import Table
 from .tiers.checksums import RemoteChecksums
 from .tiers.rocks import CACHE_BYTES, MEMTABLE_BYTES, Database, RocksTier, table_prefix
 
-log = logging.getLogger("expstore.store")
+log = logging.getLogger("expstore.catalog")
 _TABLE = b"table/"
 _NEXT_TABLE_ID = b"next_table_id"
 _REMOTE = b"remote"
 
 
-class Store:
+class Catalog:
     """``remote`` makes a table's remote tier (``remote(table_name)``); ``remote_uri`` says
     where it is, recorded in the data dir (``remote_in_data_dir``: the default location
     inside the data dir, which moves with it; ``remote_restored``: a checkpoint restore
