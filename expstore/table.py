@@ -1,5 +1,11 @@
 """A table: item index + payload tier + sampler + remover + rate limiter + consumer groups.
 
+The table is a composition: ``Parts.build`` (parts.py) hands it its parts from the spec,
+and it owns the lock, admission and the order of each operation (validate, journal,
+apply, read). Beside it: intake.py checks what an insert brings, reads.py plans and
+reads rows, streams.py serves consumer groups, movement.py moves chunks between tiers,
+records.py types the journal's records and recovery.py rebuilds the table from them.
+
 Concurrency model: one ``threading.Condition`` per table guards all of its state. Every
 public method takes it for a short, non-blocking critical section of numpy work; payload
 rows are gathered from the (immutable) chunk batches *after* releasing it, and validation
@@ -41,19 +47,19 @@ from typing import Callable, Hashable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from . import group_timeouts, ingest_checks, recovery
+from . import ingest_checks, recovery
 from . import schema as protocol
 from .admission import Admission, Wait
 from .archive import Archive
 from .errors import (DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
                      Unavailable)
-from .gather import take_rows
 from .intake import Intake, PreparedInsert
 from .ingest_checks import References
 from .movement import Mover
 from .parts import Backing, Parts
-from .placement import Placement, ReadPlan, Staged
+from .placement import Placement, Staged
 from .quarantine import Event, Quarantine
+from .reads import PlannedRows, Reader, Rows
 from .records import (GroupsTimedOut, Inserted, PrioritySet, Quarantined, Record, Removed, Sampled,
                       VersionSet)
 from .samplers.base import Codebook, Items
@@ -81,19 +87,6 @@ class InsertResult:
 class PriorityUpdate:
     num_updated: int  # distinct live items whose priority was set
     unknown_item_ids: np.ndarray  # uint64: ids naming no live item, once each, in call order; ignored
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Rows out of a table (Sample, Stream, Get) with their per-row facts, row-aligned."""
-
-    data: pa.RecordBatch
-    item_ids: np.ndarray
-    priorities: np.ndarray
-    times_sampled: np.ndarray
-    policy_versions: np.ndarray
-    probabilities: np.ndarray | None = None
-    weights: np.ndarray | None = None
 
 
 class Table:
@@ -127,6 +120,7 @@ class Table:
         self._timeouts, self._checks, self._lineage = parts.timeouts, parts.checks, parts.lineage
         self._mover = Mover(self, parts.chunks, parts.archive)
         self._streams = Streams(self, parts.consumers)
+        self._reader = Reader(self, parts.index, parts.chunks.placement, parts.timeouts)
         self._intake = Intake(spec, self.schema, parts.checks, durable=parts.journal is not None,
                               server_filled=parts.timeouts is not None,
                               versioned="data_version" in self.schema.names and spec.sampler.mixed)
@@ -406,7 +400,7 @@ class Table:
                 raise InvalidArgument(f"table {self.name!r}: data_versions[{task!r}]: min {lo} exceeds max {hi}")
         return {"versions": ranges}
 
-    def _sample_now(self, n: int, step: int | None, kw: dict) -> "_Snapshot":
+    def _sample_now(self, n: int, step: int | None, kw: dict) -> PlannedRows:
         """Draw an admitted sample of n (lock held): selection, times_sampled, removals
         under max_times_sampled, the journal record and the rows' read plan."""
         capped = self.spec.max_times_sampled > 0
@@ -637,30 +631,8 @@ class Table:
                               (inserted_after, lambda b: at > b), (inserted_before, lambda b: at < b)):
                 if bound is not None:
                     keep &= ok(bound)
-            slots = slots[keep]
-            slots = slots[np.lexsort((ix["row"][slots], ix["chunk"][slots]))]
-            chunks = ix["chunk"][slots]
-            parts = []
-            for lo, hi in _chunk_runs(chunks):
-                s = slots[lo:hi]
-                parts.append((self.plan_read(s), ix["inserted_at"][s].copy(),
-                              self._chunks.placement.where(int(chunks[lo]))))
-        try:
-            while parts:
-                snap, inserted_at, tier = parts.pop(0)
-                rows = self._gather(snap, names)
-                data = rows.data
-                for name, values in (("item_id", pa.array(rows.item_ids, pa.uint64())),
-                                     ("priority", pa.array(rows.priorities, pa.float64())),
-                                     ("times_sampled", pa.array(rows.times_sampled, pa.int64())),
-                                     ("inserted_at", pa.array(inserted_at, pa.float64())),
-                                     ("tier", pa.array([tier] * len(inserted_at), pa.string()))):
-                    data = data.append_column(name, values)
-                yield data
-        finally:  # an abandoned scan unpins what it did not read
-            with self._cond:
-                for snap, _, _ in parts:
-                    self._chunks.placement.finish(snap.plan)
+            parts = self._reader.plan_by_chunk(slots[keep])
+        yield from self._reader.read_by_chunk(parts, names)
 
     def scan_archive(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader | None:
         """The archived (removed) items (``Mover.scan_archive``); None without an archive."""
@@ -795,44 +767,13 @@ class Table:
 
     # -- internals --------------------------------------------------------------------
 
-    def plan_read(self, slots: np.ndarray, probabilities=None, weights=None) -> "_Snapshot":
-        """Per-row facts and a read plan (resident batches, other chunks pinned), taken
-        under the lock (``read`` them after it)."""
-        ix = self._index
-        released = None if self._timeouts is None else self._timeouts.released(ix["group"][slots])
-        return _Snapshot(
-            plan=self._chunks.placement.plan(ix["chunk"][slots], ix["row"][slots]),
-            schema=self.schema, item_ids=ix["id"][slots], priorities=ix["priority"][slots],
-            times_sampled=ix["times_sampled"][slots], policy_versions=ix["policy_version"][slots],
-            probabilities=probabilities, weights=weights, released=released,
-            group_sizes=None if released is None else ix["group_size"][slots])
+    def plan_read(self, slots: np.ndarray, probabilities=None, weights=None) -> PlannedRows:
+        """The rows' facts and read plan (lock held; ``Reader.plan``), read after it."""
+        return self._reader.plan(slots, probabilities, weights)
 
-    def _gather(self, snap: "_Snapshot", columns: list[str] | None = None) -> Rows:
-        """Read and copy the rows (``columns`` of them) out of their chunks (no lock held:
-        chunks are immutable and the plan pinned those not in memory), then unpin."""
-        try:
-            try:
-                batches, keys, rows = self._chunks.placement.fetch(snap.plan)
-            except DataLoss as e:
-                with self._cond:
-                    n = self.quarantine_damage(e)
-                raise DataLoss(f"table {self.name!r}: {e}; {n} items stored there are quarantined: later "
-                               f"calls do not return them", damage=e.damage) from None
-            schema = self.schema
-            if columns is not None:  # select first: only these columns are copied
-                batches = {k: b.select(columns) for k, b in batches.items()}
-                schema = pa.schema([self.schema.field(c) for c in columns])
-            data = take_rows(batches, keys, rows, schema)
-            if snap.released is not None:
-                data = group_timeouts.with_released(data, snap.released, snap.group_sizes)
-        finally:
-            if snap.plan.pinned:
-                with self._cond:
-                    self._chunks.placement.finish(snap.plan)
-                    self._mover.read_ahead([c for c in snap.plan.pinned if c not in snap.plan.fetched], if_room=True)
-        return Rows(data=data, item_ids=snap.item_ids, priorities=snap.priorities,
-                    times_sampled=snap.times_sampled, policy_versions=snap.policy_versions,
-                    probabilities=snap.probabilities, weights=snap.weights)
+    def _gather(self, planned: PlannedRows, columns: list[str] | None = None) -> Rows:
+        """Read the planned rows (no lock held; ``Reader.gather``)."""
+        return self._reader.gather(planned, columns)
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
@@ -1094,12 +1035,13 @@ class Table:
         """Changes so far (a ``Wait`` carries it; lock held)."""
         return self._epoch
 
-    def read(self, plan: "_Snapshot") -> Rows:
+    def read(self, planned: PlannedRows) -> Rows:
         """The rows of a plan, read with no lock held."""
-        return self._gather(plan)
+        return self._gather(planned)
 
-    def read_ahead(self, chunks: list[int]) -> None:
-        self._mover.read_ahead(chunks)
+    def read_ahead(self, chunks: list[int], *, if_room: bool = False) -> None:
+        """Read chunks into the memory cache in the background (lock held; ``Mover.read_ahead``)."""
+        self._mover.read_ahead(chunks, if_room=if_room)
 
     def _write_snapshot(self) -> None:
         recovery.write_snapshot(self)
@@ -1127,24 +1069,3 @@ def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.
     if values is None:
         return np.full(n, -1, np.int64)
     return book.encode(pa.array(values, pa.string()) if isinstance(values, list) else values)
-
-
-def _chunk_runs(chunks: np.ndarray) -> list[tuple[int, int]]:
-    """(start, end) of each run of equal values in a sorted array."""
-    starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]) if len(chunks) else np.zeros(0, np.int64)
-    ends = np.append(starts[1:], len(chunks))
-    return list(zip(starts.tolist(), ends.tolist()))
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    plan: ReadPlan
-    schema: pa.Schema
-    item_ids: np.ndarray
-    priorities: np.ndarray
-    times_sampled: np.ndarray
-    policy_versions: np.ndarray
-    probabilities: np.ndarray | None
-    weights: np.ndarray | None
-    released: np.ndarray | None = None  # bool per row: its group was released partial
-    group_sizes: np.ndarray | None = None  # the index's group_size per row (corrected on release)
