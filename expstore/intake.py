@@ -1,6 +1,7 @@
 """What a table accepts from a call, checked before its lock is taken: rows conformed to
 its schema and validated (trajectory rules, routed experts, ingest checks within the
-rows, keys, group sizes), priorities, item ids and durability.
+rows, keys, group sizes), priorities, item ids, durability, and a sample's size and data
+version ranges.
 
 Every refusal is InvalidArgument (or FailedPrecondition) naming the table, and the row
 and column of the first problem; nothing is applied then. ``Intake.prepare`` returns a
@@ -177,6 +178,33 @@ class Intake:
         if ids is None or ids.ndim != 1 or ids.min() < 1 or ids.max() >= 2**64:
             raise InvalidArgument(f"table {self.name!r}: item ids must be a list of positive integers")
         return ids.astype(np.uint64)
+
+    def version_ranges(self, data_versions: dict | None) -> dict:
+        """The sampler's keyword for a sample's data version restriction (none: {})."""
+        if data_versions is None:
+            return {}
+        if not self.spec.sampler.mixed:
+            raise InvalidArgument(f"table {self.name!r}: data_versions needs task mixing (sampler.task_weights "
+                                  f"or sampler.task_quotas) and a data_version column")
+        ranges = {}
+        for task, bounds in data_versions.items():
+            try:
+                lo, hi = bounds
+                ranges[str(task)] = (None if lo is None else int(lo), None if hi is None else int(hi))
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"table {self.name!r}: data_versions[{task!r}] must be a (min, max) pair "
+                                      f"of integers or None, got {bounds!r}") from None
+            if None not in ranges[str(task)] and ranges[str(task)][0] > ranges[str(task)][1]:
+                raise InvalidArgument(f"table {self.name!r}: data_versions[{task!r}]: min {lo} exceeds max {hi}")
+        return {"versions": ranges}
+
+    def sample_size(self, n: int, unit: int) -> None:
+        """A sample's batch size: at most max_size, and whole units of the sampler (groups)."""
+        if n > self.spec.max_size:
+            raise InvalidArgument(f"table {self.name!r}: batch_size {n} exceeds max_size {self.spec.max_size}")
+        if n % unit:
+            raise InvalidArgument(f"table {self.name!r}: batch_size {n} is not a multiple of "
+                                  f"group_size {unit}")
 
     def _check_routed_experts(self, part: pa.Table | pa.RecordBatch, offset: int) -> None:
         """Shapes and ids of ``routed_experts`` as sent, before the cast to its type

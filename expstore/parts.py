@@ -63,6 +63,10 @@ class Parts:
     journal: Journal | None = None  # durable tables
     backing: Backing | None = None  # durable tables
 
+    @property
+    def placement(self) -> Placement:
+        return self.chunks.placement
+
     @classmethod
     def build(cls, spec: TableSpec, backing: Backing | None = None,
               clock: Callable[[], float] = time.monotonic) -> "Parts":

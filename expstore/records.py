@@ -87,7 +87,7 @@ class Inserted(Record):
     def replay(self, table: "Table") -> None:
         table.remove_ids(self.victims, "max_size")
         table.add_items(self.ids, self.index_rows(), self.groups, self.tasks, self.keys, self.stored)
-        table.placement.replay_written(self.chunk, self.insert_durability)
+        table.parts.placement.replay_written(self.chunk, self.insert_durability)
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class Demoted(Record):
     nbytes: np.ndarray
 
     def replay(self, table: "Table") -> None:
-        table.placement.replay_demoted(self.chunks, self.rows, self.nbytes)
+        table.parts.placement.replay_demoted(self.chunks, self.rows, self.nbytes)
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class Archived(Record):
     chunks: np.ndarray
 
     def replay(self, table: "Table") -> None:
-        table.archive.done(self.chunks.tolist())
+        table.parts.archive.done(self.chunks.tolist())
 
 
 @dataclass(frozen=True)
@@ -186,9 +186,9 @@ class Quarantined(Record):
     reason: str
 
     def replay(self, table: "Table") -> None:
-        table.quarantine.add(Event(int(self.chunk), self.tier, self.reason), self.ids)
-        if table.archive is not None:  # removed items' rows it will not archive
-            table.archive.drop_ids(int(self.chunk), self.ids)
+        table.parts.quarantine.add(Event(int(self.chunk), self.tier, self.reason), self.ids)
+        if table.parts.archive is not None:  # removed items' rows it will not archive
+            table.parts.archive.drop_ids(int(self.chunk), self.ids)
         table.remove_ids(self.ids, "quarantined")
 
 
@@ -201,7 +201,7 @@ class GroupCreated(Record):
     position: int
 
     def replay(self, table: "Table") -> None:
-        table.consumers.create(self.group, int(self.position))
+        table.parts.consumers.create(self.group, int(self.position))
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class Forgotten(Record):
     ids: np.ndarray
 
     def replay(self, table: "Table") -> None:
-        table.consumers[self.group].forget(self.ids)
+        table.parts.consumers[self.group].forget(self.ids)
 
 
 @dataclass(frozen=True)
@@ -227,8 +227,8 @@ class Delivered(Record):
     deadline: float
 
     def replay(self, table: "Table") -> None:
-        deadline = float(self.deadline) - time.time() + table.consumers.clock()
-        table.consumers[self.group].deliver(self.fresh.copy(), self.again, deadline)
+        deadline = float(self.deadline) - time.time() + table.parts.consumers.clock()
+        table.parts.consumers[self.group].deliver(self.fresh.copy(), self.again, deadline)
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,7 @@ class Acked(Record):
     ids: np.ndarray
 
     def replay(self, table: "Table") -> None:
-        table.consumers[self.group].ack(self.ids)
+        table.parts.consumers[self.group].ack(self.ids)
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ class Cut(Record):
     ids: np.ndarray
 
     def replay(self, table: "Table") -> None:
-        g = table.consumers[self.group]
+        g = table.parts.consumers[self.group]
         g.ack(self.ids)
         g.cut(int(self.step), self.tag)
 
@@ -266,7 +266,7 @@ class Resumed(Record):
     step: int
 
     def replay(self, table: "Table") -> None:
-        table.consumers[self.group].resume(int(self.step))
+        table.parts.consumers[self.group].resume(int(self.step))
 
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (

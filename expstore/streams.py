@@ -246,7 +246,7 @@ class Streams:
             t.counters["stream_deliveries"] += len(slots)
             t.record_staleness("stream", slots)
             plan = t.plan_read(slots)
-            if t.placement.durable:  # the chunks of the next 2n unread items
+            if t.parts.placement.durable:  # the chunks of the next 2n unread items
                 t.read_ahead(np.unique(index["chunk"][index.slots_from(g.position, 2 * n)]).tolist())
             t.changed()
         return t.read(plan)

@@ -2,8 +2,8 @@
 
 The table is a composition: ``Parts.build`` (parts.py) hands it its parts from the spec,
 and it owns the lock, admission and the order of each operation (validate, journal,
-apply, read). Beside it: intake.py checks what an insert brings, reads.py plans and
-reads rows, streams.py serves consumer groups, movement.py moves chunks between tiers,
+apply, read). Beside it: intake.py checks what a call brings, reads.py plans and
+reads rows, stats.py gathers the stats, streams.py serves consumer groups, movement.py moves chunks between tiers,
 records.py types the journal's records and recovery.py rebuilds the table from them.
 
 Concurrency model: one ``threading.Condition`` per table guards all of its state. Every
@@ -50,29 +50,26 @@ import pyarrow as pa
 from . import ingest_checks, recovery
 from . import schema as protocol
 from .admission import Admission, Wait
-from .archive import Archive
 from .errors import (DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
                      Unavailable)
 from .intake import Intake, PreparedInsert
 from .ingest_checks import References
 from .movement import Mover
 from .parts import Backing, Parts
-from .placement import Placement, Staged
+from .placement import Staged
 from .quarantine import Event, Quarantine
 from .reads import PlannedRows, Reader, Rows
 from .records import (GroupsTimedOut, Inserted, PrioritySet, Quarantined, Record, Removed, Sampled,
                       VersionSet)
 from .samplers.base import Codebook, Items
 from .samplers.capped import sample_capped
+from .stats import STALENESS_BUCKETS, Staleness, table_stats  # noqa: F401 (STALENESS_BUCKETS: users import it from here)
 from .spec import TableSpec
-from .streams import DEFAULT_VISIBILITY_TIMEOUT, Consumers, Streams
+from .streams import DEFAULT_VISIBILITY_TIMEOUT, Streams
 from .tiers.checksums import RemoteChecksums
 from .turns import Line, Turn
 
 log = logging.getLogger("expstore.table")
-
-# Upper bounds (policy versions behind the table's) of the staleness counts in stats.
-STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -131,8 +128,7 @@ class Table:
         self._touches = 0  # inserts and priority updates so far: the index's "touched" column
         self.policy_version = 0
         self.counters: Counter[str] = Counter()
-        # Items returned by sample / stream per staleness bucket (the last: beyond them all).
-        self._staleness = {op: np.zeros(len(STALENESS_BUCKETS) + 1, np.int64) for op in ("sample", "stream")}
+        self._staleness = Staleness(self.counters)  # of the items sample and stream return
 
     # -- inserts ----------------------------------------------------------------------
 
@@ -357,8 +353,8 @@ class Table:
             raise InvalidArgument(f"table {self.name!r}: step must be >= 0, got {step}")
         if n < 1:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
-        self._check_sample_size(n)
-        kw = self._version_ranges(data_versions)
+        self._intake.sample_size(n, self._sampler.unit)
+        kw = self._intake.version_ranges(data_versions)
         with self._cond:
             line = self._lines["sample"]
             if (held := self._held(line, turn)) is not None:
@@ -380,25 +376,6 @@ class Table:
             with self._admitted(line, turn):
                 rows = self._sample_now(n, step, kw)
         return self._gather(rows)
-
-    def _version_ranges(self, data_versions: dict | None) -> dict:
-        """The sampler's keyword for a data version restriction (none: {})."""
-        if data_versions is None:
-            return {}
-        if not self.spec.sampler.mixed:
-            raise InvalidArgument(f"table {self.name!r}: data_versions needs task mixing (sampler.task_weights "
-                                  f"or sampler.task_quotas) and a data_version column")
-        ranges = {}
-        for task, bounds in data_versions.items():
-            try:
-                lo, hi = bounds
-                ranges[str(task)] = (None if lo is None else int(lo), None if hi is None else int(hi))
-            except (TypeError, ValueError):
-                raise InvalidArgument(f"table {self.name!r}: data_versions[{task!r}] must be a (min, max) pair "
-                                      f"of integers or None, got {bounds!r}") from None
-            if None not in ranges[str(task)] and ranges[str(task)][0] > ranges[str(task)][1]:
-                raise InvalidArgument(f"table {self.name!r}: data_versions[{task!r}]: min {lo} exceeds max {hi}")
-        return {"versions": ranges}
 
     def _sample_now(self, n: int, step: int | None, kw: dict) -> PlannedRows:
         """Draw an admitted sample of n (lock held): selection, times_sampled, removals
@@ -478,12 +455,8 @@ class Table:
         self.counters["samples"] += n
 
     def record_staleness(self, op: str, slots: np.ndarray) -> None:
-        """Count returned items by how many policy versions they are behind the table's
-        (ahead of it counts as 0): one vectorised bucketing per batch, for the stats."""
-        behind = np.maximum(self.policy_version - self._index["policy_version"][slots], 0)
-        self._staleness[op] += np.bincount(np.searchsorted(STALENESS_BUCKETS, behind),
-                                           minlength=len(STALENESS_BUCKETS) + 1)
-        self.counters[f"staleness.{op}.sum"] += int(behind.sum())
+        """Count returned items by how many policy versions they are behind the table's."""
+        self._staleness.record(op, np.maximum(self.policy_version - self._index["policy_version"][slots], 0))
 
     def update_priorities(self, item_ids, priorities) -> PriorityUpdate:
         """Set the priorities of the live items among ``item_ids``, in call order (the
@@ -664,41 +637,8 @@ class Table:
         """Flat counters (documented in docs/stats.md)."""
         with self._cond:
             self._tick()
-            s: dict[str, float] = {
-                "items": len(self._index),
-                **self._chunks.placement.stats(),
-                **self._items_per_tier(),
-                "chunks": len(self._chunks),
-                "policy_version": self.policy_version,
-                "sampler_eligible": len(self._sampler),
-                "consumer_groups": len(self._consumers),
-                "quarantined_items": len(self._quarantine),
-                "quarantined_chunks": self._quarantine.chunks,
-                "insert_queue": len(self._lines["insert"]),
-                "sample_queue": len(self._lines["sample"]),
-            }
-            for k in ("inserts", "inserted_bytes", "duplicates", "samples", "stream_deliveries",
-                      "priority_updates", "compactions", "compacted_rows", "removed_max_size", "removed_max_times_sampled",
-                      "removed_stale", "removed_zero_variance", "insert_waits", "sample_waits",
-                      "stream_waits", "insert_wait_seconds", "sample_wait_seconds",
-                      "stream_wait_seconds", "compaction_failures", "removed_lost", "archived_items",
-                      "removed_group_timeout", "removed_group_late", "group_timeouts_released",
-                      "group_timeouts_dropped", "ingest_unchecked"):
-                s[k] = self.counters[k]
-            for k, v in self._limiter.state().items():
-                if isinstance(v, (int, float)):
-                    s[f"rate_limiter_{k}"] = float(v)
-            for k, v in self._sampler.stats().items():
-                s[f"sampler.{k}"] = v
-            for op, counts in self._staleness.items():
-                for bound, n in zip(STALENESS_BUCKETS, np.cumsum(counts).tolist()):
-                    s[f"staleness.{op}.le_{bound}"] = n
-                s[f"staleness.{op}.sum"] = self.counters[f"staleness.{op}.sum"]
-            for name, g in self._consumers.items():
-                for k, v in g.stats().items():
-                    s[f"group.{name}.{k}"] = v
-                s[f"group.{name}.lag"] = self._index.count_from(g.position)
-            return s
+            return table_stats(self._parts, self.counters, self._staleness, self.policy_version,
+                               {op: len(self._lines[op]) for op in ("insert", "sample")})
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -857,13 +797,6 @@ class Table:
             return -1
         return self.policy_version - self.spec.max_staleness
 
-    def _check_sample_size(self, n: int) -> None:
-        if n > self.spec.max_size:
-            raise InvalidArgument(f"table {self.name!r}: batch_size {n} exceeds max_size {self.spec.max_size}")
-        if n % self._sampler.unit:
-            raise InvalidArgument(f"table {self.name!r}: batch_size {n} is not a multiple of "
-                                  f"group_size {self._sampler.unit}")
-
     def turn(self, op: str, origin: Hashable | None = None) -> Turn:
         """A place in line for one ``"insert"`` or ``"sample"`` call: pass it to every
         attempt (``try_insert``, ``try_sample``), and to ``leave`` when the call ends,
@@ -933,17 +866,6 @@ class Table:
         for listener in self._listeners:
             listener()
 
-    def _items_per_tier(self) -> dict[str, int]:
-        placement = self._chunks.placement
-        chunks, counts = np.unique(self._index["chunk"][self._index.live_slots()], return_counts=True)
-        out = {"items_memory": 0, "items_ssd": 0, "items_remote": 0}
-        if placement.durable:
-            for c, k in zip(chunks.tolist(), counts.tolist()):
-                out["items_" + placement.where(c)] += k
-        else:
-            out["items_memory"] = len(self._index)
-        return out
-
     # -- for the table's parts (recovery.py, records.py, movement.py) ------------------
 
     @property
@@ -958,22 +880,6 @@ class Table:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    @property
-    def placement(self) -> Placement:
-        return self._chunks.placement
-
-    @property
-    def consumers(self) -> Consumers:
-        return self._consumers
-
-    @property
-    def archive(self) -> Archive | None:
-        return self._archive
-
-    @property
-    def quarantine(self) -> Quarantine:
-        return self._quarantine
 
     @property
     def touches(self) -> int:
@@ -1050,6 +956,7 @@ class Table:
         """Rebuild a durable table from its journal after a restart (recovery.py)."""
         with self._cond:
             return recovery.restore(self)
+
 
 def _rows_in_chunks(chunks: list[tuple[int, int, Staged]], store: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(chunk, row within it) of each row of an insert that is stored (-1: not stored)."""
