@@ -19,10 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import group_timeouts, ingest_checks, routed
+from . import group_timeouts, ingest_checks, pacing, routed
 from . import schema as protocol
 from .errors import FailedPrecondition, InvalidArgument
 from .ingest_checks import Checks, References
+from .pacing import Pacing
 from .placement import Staged
 from .spec import TableSpec
 
@@ -49,6 +50,7 @@ class PreparedInsert:
     episodes: np.ndarray | None = None  # int64 episode hashes (ingest_checks.episode_hashes)
     data_versions: np.ndarray | None = None  # int64, the rows' data_version column
     references: References | None = None  # what the ingest checks compared the rows with
+    reservations: np.ndarray | None = None  # uint64, the rows' reservation_id (pacing)
 
     @property
     def num_rows(self) -> int:
@@ -83,8 +85,8 @@ class Intake:
     table fills ``group_released_partial`` on reads (group timeouts), so inserts may not."""
 
     def __init__(self, spec: TableSpec, schema: pa.Schema, checks: Checks | None, *,
-                 durable: bool, server_filled: bool, versioned: bool) -> None:
-        self.spec, self.schema, self.checks = spec, schema, checks
+                 durable: bool, server_filled: bool, versioned: bool, pace: Pacing | None = None) -> None:
+        self.spec, self.schema, self.checks, self.pace = spec, schema, checks, pace
         self.name = spec.name
         self._trajectory = spec.kind == "trajectory"
         self._durable, self._server_filled, self._versioned = durable, server_filled, versioned
@@ -132,7 +134,8 @@ class Intake:
             groups=whole.column("group_id"), group_sizes=group_sizes, tasks=whole.column("task"),
             rewards=whole.column("reward").cast(pa.float64()).fill_null(np.nan).to_numpy(),
             durability=durability, episodes=ingest_checks.episode_hashes(whole),
-            data_versions=self._data_versions(whole)), whole
+            data_versions=self._data_versions(whole),
+            reservations=None if self.pace is None else self.pace.check_rows(whole.column(pacing.COLUMN), 0)), whole
 
     def durability(self, durability: str | None) -> str:
         """A call's durability (None: the table's default)."""

@@ -24,7 +24,7 @@ from .archive import Archive
 from .chunks import ChunkStore
 from .errors import DataLoss, ExpstoreError
 from .gather import take_rows
-from .records import Archived, Compacted, Demoted
+from .records import ArchiveExpired, Archived, Compacted, Demoted
 
 if TYPE_CHECKING:
     from .table import Table
@@ -99,9 +99,10 @@ class Mover:
         read; rows in damaged blocks are quarantined instead. Returns the chunks handled;
         raises Unavailable when the remote tier is down."""
         table, placement, archive = self.table, self.placement, self.archive
+        expired = self.expire_archive()
         with table.lock:
             if archive is None or table.closed or not archive.queue:
-                return 0
+                return expired
             chosen = archive.queue[:8]
             wanted = {c: archive.wanted(c) for c in chosen}
             plan = placement.plan(np.concatenate([np.full(len(w[0]), c, np.int64) for c, w in wanted.items()]),
@@ -124,13 +125,37 @@ class Mover:
                 checksums = {c: archive.tier.put(c, rows[c]) for c in chosen}
             with table.lock:
                 archive.checksums.put(checksums)
-                table.journal(Archived(chunks=np.array(chosen, dtype=np.int64)))
+                nbytes = np.array([rows[c].nbytes for c in chosen], np.int64)
+                table.journal(Archived(chunks=np.array(chosen, dtype=np.int64), nbytes=nbytes))
                 archive.done(chosen)
+                if table.parts.retention is not None:
+                    table.parts.retention.archived(chosen, nbytes)
                 placement.delete(chosen)
                 table.counters["archived_items"] += sum(r.num_rows for r in rows.values())
         finally:
             with table.lock:
                 placement.unpin(plan.pinned)
+        return len(chosen)
+
+    def expire_archive(self) -> int:
+        """Delete the archive fragments past the total window (retention.py): their
+        fragments first (remote I/O, outside the lock), then the record. Returns how many."""
+        table, retention = self.table, self.table.parts.retention
+        with table.lock:
+            if retention is None or self.archive is None or table.closed:
+                return 0
+            chosen = retention.expired(table.wall_clock(), self.chunks.nbytes)
+        if not chosen:
+            return 0
+        with self.placement.remote_lock:
+            self.archive.tier.delete(chosen)  # a crash before the record: deleted again at the next pass
+        with table.lock:
+            if table.closed:  # dropped meanwhile: its journal is gone
+                return 0
+            self.archive.checksums.delete(chosen)
+            table.journal(ArchiveExpired(chunks=np.array(chosen, np.int64)))
+            table.counters["archive_expired_bytes"] += retention.deleted(chosen)
+            table.counters["archive_expired_fragments"] += len(chosen)
         return len(chosen)
 
     def archive_damaged(self, error: DataLoss) -> None:
@@ -143,6 +168,8 @@ class Mover:
             if chunk not in self.archive:  # nothing left to archive: free the chunk
                 self.table.journal(Archived(chunks=np.array([chunk], dtype=np.int64)))
                 self.archive.done([chunk])
+                if self.table.parts.retention is not None:
+                    self.table.parts.retention.archived([chunk], None)
                 self.placement.delete([chunk])
 
     def compact(self) -> None:

@@ -5,12 +5,14 @@
 does one job and holds no lock of its own: the item index, the sampler and remover
 (selectors, samplers/), the rate limiter (arithmetic), the chunk store over the tiers'
 placement, the archive, the quarantine, the key registry for dedup, the group timeouts,
-the ingest checks and their lineage, the consumer groups, and a durable table's journal.
+the ingest checks and their lineage, the consumer groups, the pace of admission, the
+retention windows, and a durable table's journal.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,9 +24,11 @@ from .index import ItemIndex
 from .ingest_checks import Checks, Lineage
 from .journal import Journal
 from .keys import KeyRegistry
+from .pacing import Pacing
 from .placement import Placement
 from .quarantine import Quarantine
 from .ratelimit import RateLimiter
+from .retention import Retention
 from .samplers import make_remover, make_sampler
 from .samplers.base import Codebook, Selector
 from .spec import TableSpec
@@ -61,6 +65,8 @@ class Parts:
     timeouts: GroupTimeouts | None = None  # group_timeout_s
     checks: Checks | None = None  # ingest_checks
     journal: Journal | None = None  # durable tables
+    pacing: Pacing | None = None  # pacing: reservations before rollouts
+    retention: Retention | None = None  # retention windows
     backing: Backing | None = None  # durable tables
 
     @property
@@ -69,8 +75,9 @@ class Parts:
 
     @classmethod
     def build(cls, spec: TableSpec, backing: Backing | None = None,
-              clock: Callable[[], float] = time.monotonic) -> "Parts":
-        """The parts a resolved spec describes; ``backing`` for a durable table."""
+              clock: Callable[[], float] = time.monotonic, counters: Counter | None = None) -> "Parts":
+        """The parts a resolved spec describes; ``backing`` for a durable table;
+        ``counters``, the table's, where parts count events for its stats."""
         durable = spec.tiers != "memory"
         remote = spec.tiers == "remote"
         if remote and backing.remote is None:
@@ -96,4 +103,8 @@ class Parts:
             if spec.group_timeout_s is not None else None,
             checks=Checks(spec.ingest_checks, spec.name) if spec.ingest_checks else None,
             journal=Journal(backing.db, backing.table_id) if durable else None,
+            pacing=Pacing(spec.pacing.rollouts_per_version, spec.max_staleness, spec.pacing.lease_s,
+                          spec.name, counters) if spec.pacing is not None else None,
+            retention=Retention(spec.hot_retention_s, spec.hot_retention_bytes, spec.retention_s,
+                                spec.retention_bytes) if spec.retains else None,
             backing=backing)

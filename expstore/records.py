@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .pacing import Reservation
 from .quarantine import Event
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class Inserted(Record):
     remover's ``victims`` left; one value per new item in each index column."""
 
     kind = "insert"
-    optional = ("episode", "data_version")
+    optional = ("episode", "data_version", "reservations")
     ids: np.ndarray
     stored: np.ndarray
     keys: list | None
@@ -76,6 +77,7 @@ class Inserted(Record):
     insert_durability: str | None = None  # records before it: none
     episode: np.ndarray | None = None
     data_version: np.ndarray | None = None
+    reservations: np.ndarray | None = None  # pacing: the rows' reservation ids
 
     def index_rows(self) -> dict[str, np.ndarray]:
         rows = {name: getattr(self, name) for name in _ROWS}
@@ -87,6 +89,8 @@ class Inserted(Record):
     def replay(self, table: "Table") -> None:
         table.remove_ids(self.victims, "max_size")
         table.add_items(self.ids, self.index_rows(), self.groups, self.tasks, self.keys, self.stored)
+        if self.reservations is not None:
+            table.parts.pacing.settle(self.reservations)
         table.parts.placement.replay_written(self.chunk, self.insert_durability)
 
 
@@ -168,13 +172,56 @@ class Demoted(Record):
 
 @dataclass(frozen=True)
 class Archived(Record):
-    """Chunks whose archived rows are in the archive dataset, then freed."""
+    """Chunks whose archived rows are in the archive dataset (``nbytes`` each), then freed."""
 
     kind = "archived"
+    optional = ("nbytes",)
     chunks: np.ndarray
+    nbytes: np.ndarray | None = None  # records before retention: none
 
     def replay(self, table: "Table") -> None:
         table.parts.archive.done(self.chunks.tolist())
+        if table.parts.retention is not None:
+            table.parts.retention.archived(self.chunks.tolist(), self.nbytes)
+
+
+@dataclass(frozen=True)
+class ArchiveExpired(Record):
+    """Archive fragments deleted past the total retention window (retention.py)."""
+
+    kind = "archive_expired"
+    chunks: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        table.parts.retention.deleted(self.chunks.tolist())
+
+
+# -- paced admission (pacing.py) ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reserved(Record):
+    """A reservation granted: ``n`` rows, its lease ending at ``deadline`` (Unix seconds)."""
+
+    kind = "reserve"
+    id: int
+    n: int
+    deadline: float
+    version: int
+
+    def replay(self, table: "Table") -> None:
+        table.parts.pacing.grant(Reservation(int(self.id), int(self.n), float(self.deadline), int(self.version)))
+
+
+@dataclass(frozen=True)
+class ReservationReleased(Record):
+    """A reservation's unused rows given back: ``reason`` released or expired."""
+
+    kind = "release"
+    id: int
+    reason: str
+
+    def replay(self, table: "Table") -> None:
+        table.parts.pacing.release(int(self.id), self.reason)
 
 
 @dataclass(frozen=True)
@@ -271,7 +318,8 @@ class Resumed(Record):
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
     Inserted, Removed, Sampled, PrioritySet, GroupsTimedOut, VersionSet, Compacted, Demoted, Archived,
-    Quarantined, GroupCreated, Forgotten, Delivered, Acked, Cut, Resumed)}
+    ArchiveExpired, Reserved, ReservationReleased, Quarantined, GroupCreated, Forgotten, Delivered, Acked, Cut,
+    Resumed)}
 
 
 def decode(kind: str, fields: dict[str, Any]) -> Record:

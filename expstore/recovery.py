@@ -40,6 +40,10 @@ def write_snapshot(table: "Table") -> None:
         **p.quarantine.to_fields(), **p.chunks.placement.state())
     if p.timeouts is not None:
         fields["group_timeouts"] = p.timeouts.state(p.groups.name)
+    if p.pacing is not None:
+        fields["pacing"] = p.pacing.state()
+    if p.retention is not None:
+        fields["retention"] = p.retention.state()
     if p.keys is not None:
         fields["removed_keys"], fields["removed_ids"] = p.keys.removed()
     p.journal.write_snapshot(fields)
@@ -104,6 +108,10 @@ def _load_snapshot(table: "Table", s: dict) -> None:
     p.consumers.load(s["consumers"])
     p.quarantine.restore(s)
     p.chunks.placement.load_state(s)
+    if p.pacing is not None and s.get("pacing") is not None:
+        p.pacing.load(s["pacing"])
+    if p.retention is not None and s.get("retention") is not None:
+        p.retention.load(s["retention"])
     if p.timeouts is not None and s.get("group_timeouts") is not None:
         p.timeouts.load(s["group_timeouts"], p.groups.find)
         _rerelease(table, slots)

@@ -70,6 +70,13 @@ def table_stats(parts: "Parts", counters: Counter, staleness: Staleness, policy_
             s[f"rate_limiter_{k}"] = float(v)
     for k, v in parts.sampler.stats().items():
         s[f"sampler.{k}"] = v
+    if parts.retention is not None:
+        s.update(parts.retention.stats(), removed_retention=counters["removed_retention"],
+                 archive_expired_fragments=counters["archive_expired_fragments"],
+                 archive_expired_bytes=counters["archive_expired_bytes"])
+    if parts.pacing is not None:
+        s.update(parts.pacing.stats(policy_version))
+        s["reserve_waits"], s["reserve_wait_seconds"] = counters["reserve_waits"], counters["reserve_wait_seconds"]
     s.update(staleness.stats())
     for name, g in parts.consumers.items():
         for k, v in g.stats().items():

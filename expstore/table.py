@@ -59,8 +59,9 @@ from .parts import Backing, Parts
 from .placement import Staged
 from .quarantine import Event, Quarantine
 from .reads import PlannedRows, Reader, Rows
-from .records import (GroupsTimedOut, Inserted, PrioritySet, Quarantined, Record, Removed, Sampled,
-                      VersionSet)
+from .pacing import Pacing, Reservation
+from .records import (GroupsTimedOut, Inserted, PrioritySet, Quarantined, Record, Removed, ReservationReleased,
+                      Reserved, Sampled, VersionSet)
 from .samplers.base import Codebook, Items
 from .samplers.capped import sample_capped
 from .stats import STALENESS_BUCKETS, Staleness, table_stats  # noqa: F401 (STALENESS_BUCKETS: users import it from here)
@@ -109,25 +110,28 @@ class Table:
 
         self.storage = storage if spec.tiers != "memory" else None
         self.replaying = False  # replaying the journal: journal off, chunks adopted after
-        self._parts = parts = Parts.build(spec, storage, clock)
+        self.counters: Counter[str] = Counter()
+        self._parts = parts = Parts.build(spec, storage, clock, self.counters)
         self._index, self._chunks, self._consumers = parts.index, parts.chunks, parts.consumers
         self._sampler, self._remover, self._limiter = parts.sampler, parts.remover, parts.limiter
         self._tasks, self._groups, self._keys = parts.tasks, parts.groups, parts.keys
         self._archive, self._quarantine, self._journal = parts.archive, parts.quarantine, parts.journal
         self._timeouts, self._checks, self._lineage = parts.timeouts, parts.checks, parts.lineage
+        self._pacing, self._retention = parts.pacing, parts.retention
         self._mover = Mover(self, parts.chunks, parts.archive)
         self._streams = Streams(self, parts.consumers)
         self._reader = Reader(self, parts.index, parts.chunks.placement, parts.timeouts)
         self._intake = Intake(spec, self.schema, parts.checks, durable=parts.journal is not None,
                               server_filled=parts.timeouts is not None,
-                              versioned="data_version" in self.schema.names and spec.sampler.mixed)
-        self._lines = {"insert": Line(), "sample": Line()}  # blocked calls, first come first served
+                              versioned="data_version" in self.schema.names and spec.sampler.mixed,
+                              pace=parts.pacing)
+        # blocked calls, first come first served
+        self._lines = {"insert": Line(), "sample": Line(), "reserve": Line()}
 
         # Samples the live items may still take under max_times_sampled (sum of allowances).
         self._allowance = 0
         self._touches = 0  # inserts and priority updates so far: the index's "touched" column
         self.policy_version = 0
-        self.counters: Counter[str] = Counter()
         self._staleness = Staleness(self.counters)  # of the items sample and stream return
 
     # -- inserts ----------------------------------------------------------------------
@@ -275,10 +279,11 @@ class Table:
         tasks = prep.tasks.take(pa.array(new_rows)) if prep.tasks is not None else None
         keys = [prep.keys[i] for i in new_rows.tolist()] if prep.keys is not None else None
         new_ids = np.arange(self._index.next_id, self._index.next_id + n_new, dtype=np.uint64)
+        reservations = None if prep.reservations is None else prep.reservations[new_rows]
         if self._journal is not None:  # logged first: a failed write changes nothing
             self.journal(Inserted(
                 insert_durability=durability, ids=new_ids, stored=store[new_rows], keys=keys,
-                groups=None if groups is None else groups.to_pylist(),
+                groups=None if groups is None else groups.to_pylist(), reservations=reservations,
                 tasks=None if tasks is None else tasks.to_pylist(), victims=self._index["id"][victims], **rows),
                 durability)
         # From here on the insert is applied whole.
@@ -287,6 +292,8 @@ class Table:
         for lo, hi, s in chunks:
             self._chunks.add(s, live=int(store[lo:hi].sum()))
         ids[new_rows] = new_ids
+        if reservations is not None:
+            self._pacing.settle(reservations)
         self.add_items(new_ids, rows, groups, tasks, keys, store[new_rows], late[new_rows])
         if prep.references is not None:
             kept = store[new_rows]
@@ -408,8 +415,20 @@ class Table:
     # -- group timeouts (group_timeouts.py) ------------------------------------------
 
     def _tick(self) -> None:
-        """Settle the groups whose timeout passed (lock held): journaled, then applied."""
-        if self._timeouts is None or self._closed:
+        """Settle the groups whose timeout passed (lock held): journaled, then applied;
+        likewise expire leases (pacing) and move items out of the hot window (retention)."""
+        if self._closed:
+            return
+        if self._pacing is not None:
+            self._expire_reservations()
+        if self._retention is not None:  # the hot window (retention.py)
+            left = 0
+            for slots in self._retention.leaving(self._index, lambda: self._chunks.nbytes, self._wall_clock()):
+                self.remove_slots(slots, "retention")
+                left += len(slots)
+            if left:
+                self.changed()
+        if self._timeouts is None:
             return
         due = self._timeouts.due(self._wall_clock())
         if len(due) == 0:
@@ -441,6 +460,74 @@ class Table:
             return None
         deadline = self._timeouts.next_deadline()
         return None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3
+
+    # -- paced admission (pacing.py) ---------------------------------------------------
+
+    def reserve(self, n: int, timeout: float | None = None, lease_s: float | None = None) -> Reservation:
+        """Reserve admission for a rollout of ``n`` rows before starting it (paced
+        tables). Blocks (up to ``timeout``; None: forever) while the pace holds it back;
+        blocked reservations are granted first come, first served."""
+        with Admission(self, "reserve", timeout, self.turn("reserve"), self._clock) as adm:
+            while isinstance(outcome := self.try_reserve(n, adm.turn, lease_s), Wait):
+                self.wait_for_change(outcome.epoch, adm.limit(outcome))
+        return outcome
+
+    def try_reserve(self, n: int, turn: Turn, lease_s: float | None = None) -> Reservation | Wait:
+        """One attempt to reserve (admission.py): the reservation, or a ``Wait`` while the
+        pace or earlier reservations in line hold it back (``retry_after``: when the next
+        lease ends and gives its rows back)."""
+        pace = self._paced()
+        pace.check(n, lease_s)
+        with self._cond:
+            line = self._lines["reserve"]
+            if (held := self._held(line, turn)) is not None:
+                return held
+            self.check_open()
+            self._tick()
+            if not line.first(turn):
+                return Wait(f"{line.ahead_of(turn)} earlier reservations are waiting (first come, first served)",
+                            self._epoch)
+            if not pace.can_grant(n, self.policy_version):
+                deadline = pace.next_deadline()
+                return Wait(pace.why(n, self.policy_version), self._epoch,
+                            retry_after=None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3)
+            with self._admitted(line, turn):
+                r = pace.offer(n, self.policy_version, self._wall_clock(), lease_s)
+                self.journal(Reserved(id=r.id, n=r.count, deadline=r.deadline, version=r.policy_version))
+                pace.grant(r)
+                self.changed()
+            return r
+
+    def release(self, reservation_id: int) -> int:
+        """Give back a reservation's rows not inserted yet (a rollout abandoned); returns
+        how many. A reservation already settled, released or expired gives back 0."""
+        pace = self._paced()
+        rid = int(reservation_id)
+        pace.check_release(rid)
+        with self._cond:
+            self.check_open()
+            self._tick()
+            if rid not in pace:
+                return 0
+            self.journal(ReservationReleased(id=rid, reason="released"))
+            freed = pace.release(rid)
+            self.changed()
+            return freed
+
+    def _expire_reservations(self) -> None:
+        """Give back the unused rows of reservations whose lease ended (lock held)."""
+        due = self._pacing.due(self._wall_clock())
+        for rid in due:
+            self.journal(ReservationReleased(id=rid, reason="expired"))
+            self._pacing.release(rid, "expired")
+        if due:
+            self.changed()
+
+    def _paced(self) -> Pacing:
+        if self._pacing is None:
+            raise FailedPrecondition(f"table {self.name!r} does not pace admission (create it with pacing = "
+                                     f"{{rollouts_per_version = B}} and max_staleness)")
+        return self._pacing
 
     def _touch(self, n: int) -> np.ndarray:
         """The next n values of the insert-or-update counter (index column "touched")."""
@@ -503,7 +590,7 @@ class Table:
             self.journal(VersionSet(version=version))
             self.policy_version = version
             stale = np.zeros(0, dtype=np.int64)
-            if self.spec.max_staleness is not None:  # else nothing can be stale: skip the O(n) scan
+            if self._stale_cutoff() >= 0:  # else nothing can be stale: skip the O(n) scan
                 live = self._index.live_slots()
                 stale = live[self._index["policy_version"][live] < self._stale_cutoff()]
                 self.remove_slots(stale, "stale")
@@ -764,6 +851,8 @@ class Table:
         if self._archive is not None and reason not in ("lost", "quarantined"):
             ix = self._index
             self._archive.removed(ix["chunk"][slots], ix["row"][slots], ix["id"][slots], reason)
+            if self._retention is not None:  # the total window counts from the rows' inserted_at
+                self._retention.removed(ix["chunk"][slots], ix["inserted_at"][slots])
         if not self.replaying:  # a restore adopts the chunks once replay is done
             chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
             self._free(self._chunks.release(chunks.tolist(), counts.tolist()))
@@ -793,7 +882,7 @@ class Table:
         return known, known == 0
 
     def _stale_cutoff(self) -> int:
-        if self.spec.max_staleness is None:
+        if self.spec.max_staleness is None or self._pacing is not None:  # paced: nothing is late
             return -1
         return self.policy_version - self.spec.max_staleness
 
@@ -935,6 +1024,10 @@ class Table:
         self._index["chunk"][slots[ok]] = chunk
         self._index["row"][slots[ok]] = np.flatnonzero(ok)
         self._chunks.placement.replay_written([chunk], "wal")
+
+    def wall_clock(self) -> float:
+        """The clock of ``inserted_at``, group timeouts, leases and retention windows."""
+        return self._wall_clock()
 
     @property
     def epoch(self) -> int:
