@@ -85,11 +85,13 @@ class Intake:
     table fills ``group_released_partial`` on reads (group timeouts), so inserts may not."""
 
     def __init__(self, spec: TableSpec, schema: pa.Schema, checks: Checks | None, *,
-                 durable: bool, server_filled: bool, versioned: bool, pace: Pacing | None = None) -> None:
+                 durable: bool, server_filled: bool, versioned: bool, pace: Pacing | None = None,
+                 group_size: int | None = None) -> None:
         self.spec, self.schema, self.checks, self.pace = spec, schema, checks, pace
         self.name = spec.name
         self._trajectory = spec.kind == "trajectory"
         self._durable, self._server_filled, self._versioned = durable, server_filled, versioned
+        self._group_size = group_size  # the sampler's, when it samples whole groups
 
     def prepare(self, data: Sequence[pa.RecordBatch | pa.Table] | pa.RecordBatch | pa.Table,
                 priorities, durability: str | None) -> tuple[PreparedInsert, pa.Table]:
@@ -247,9 +249,9 @@ class Intake:
                 seen[k] = i
 
     def _check_group_sizes(self, group_sizes: np.ndarray) -> None:
-        if self.spec.sampler.type != "group":
+        if self._group_size is None:
             return
-        want = self.spec.sampler.group_size
+        want = self._group_size
         bad = (group_sizes != 0) & (group_sizes != want)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])

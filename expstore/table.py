@@ -124,7 +124,7 @@ class Table:
         self._intake = Intake(spec, self.schema, parts.checks, durable=parts.journal is not None,
                               server_filled=parts.timeouts is not None,
                               versioned="data_version" in self.schema.names and spec.sampler.mixed,
-                              pace=parts.pacing)
+                              pace=parts.pacing, group_size=parts.sampler.group_size)
         # blocked calls, first come first served
         self._lines = {"insert": Line(), "sample": Line(), "reserve": Line()}
 

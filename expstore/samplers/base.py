@@ -66,6 +66,9 @@ class Selector(Protocol):
     with_replacement: bool = False
     #: Batches are multiples of this many items (the group sampler: whole groups).
     unit: int = 1
+    #: Members per group when the selector samples whole groups (each row's group_size
+    #: must agree); None otherwise.
+    group_size: int | None = None
 
     def insert(self, items: Items) -> None:
         """Add items. Slots are not in the selector already."""

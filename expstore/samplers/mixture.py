@@ -76,7 +76,8 @@ class TaskMixture(Selector):
         self._tasks = tasks
         self._make_child = make_child
         self.unit = int(unit)
-        self.with_replacement = make_child().with_replacement  # as each child samples
+        child = make_child()  # each child samples the same way
+        self.with_replacement, self.group_size = child.with_replacement, child.group_size
         self._children: dict[tuple[int, int], Selector] = {}
         self._weight_of: dict[int, float] = {}
         self._task = np.empty(0, dtype=np.int64)  # by slot: task code of the held item
