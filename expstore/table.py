@@ -79,6 +79,10 @@ class InsertResult:
     num_inserted: int
     num_duplicates: int
     num_stale: int
+    # Per row (bool): a new item (stale ones included), and a stale one; what a caller
+    # that committed several calls' rows at once needs to answer each (server coalescing).
+    inserted: np.ndarray | None = field(default=None, compare=False)
+    stale: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,8 @@ class Table:
                 self.counters["duplicates"] += prep.num_rows
                 self._chunks.placement.delete([s.chunk_id for s in prep.staged])
                 prep.staged.clear()
-                return InsertResult(ids, 0, prep.num_rows, 0)
+                none = np.zeros(prep.num_rows, bool)
+                return InsertResult(ids, 0, prep.num_rows, 0, none, none)
             self._limiter.check_insert_batch(n_new)
             if not line.first(turn):
                 return Wait(f"{line.ahead_of(turn)} earlier inserts are waiting (first come, first served)",
@@ -305,7 +310,7 @@ class Table:
         self.counters["duplicates"] += n - n_new
         self._mover.compact()
         self.changed()
-        return InsertResult(ids, n_new, n - n_new, int((stale & new).sum()))
+        return InsertResult(ids, n_new, n - n_new, int((stale & new).sum()), new, stale & new)
 
     def add_items(self, ids: np.ndarray, rows: dict[str, np.ndarray], groups, tasks,
                    keys: list[str] | None, stored: np.ndarray, late: np.ndarray | None = None) -> None:

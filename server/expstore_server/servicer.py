@@ -34,7 +34,7 @@ from expstore_proto import arrow_ipc, framing
 from expstore_proto.service import ROWS_PAYLOAD, Malformed
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.catalog import Catalog
-from expstore.table import Table
+from expstore.table import InsertResult, PreparedInsert, Table
 from expstore.turns import Turn
 
 from . import convert
@@ -42,6 +42,7 @@ from .arrivals import Arrival, Arrivals
 from .audit import AuditLog
 from .auth import ANY_ROLE, Authenticator
 from .clip import MESSAGE_CHARS, clip
+from .coalesce import InsertCoalescer, Pending
 from .config import ServerConfig
 from .errors import status_of
 from .metrics import ServerMetrics, wire_size
@@ -202,6 +203,7 @@ class Servicer:
         self.queries = QueryRunner(config.query_workers, config.query_queue, config.query_limits)
         self._signals: weakref.WeakKeyDictionary[Table, _ChangeSignal] = weakref.WeakKeyDictionary()
         self._arrivals = Arrivals()
+        self._inserts = InsertCoalescer(self._run)  # concurrent Insert calls, committed together
         self.flight_port, self.flight_tls = 0, False  # set by main once the Flight service listens
 
     # -- tables -----------------------------------------------------------------------
@@ -261,17 +263,36 @@ class Servicer:
                               else np.ones(data.num_rows))
         if first is None:
             raise InvalidArgument("an insert call must send at least one message")
-        # Validation and SSD writes first, overlapping the connection's other calls; the
-        # commit attempts then reach the table in the order the calls started.
-        prep = await self._run(table.prepare_insert, parts, np.concatenate(priorities), durability)
-        turn = table.turn("insert", context.peer())
-        try:
-            result = await self._admit(table, "insert", lambda: table.try_insert(prep, turn),
-                                       first.timeout_s, context, arrival=arrival, turn=turn)
-        except BaseException:
-            await self._run(table.abandon_insert, prep)
-            raise
-        call.detail = f"rows={prep.num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
+        priorities = np.concatenate(priorities)
+
+        async def alone(prep: PreparedInsert | None, order: Arrival, tried: Callable[[], None]) -> InsertResult:
+            """Commit this call by itself (coalesce.py): validation and SSD writes first,
+            then the commit attempts, the first handed over in ``order``."""
+            if prep is None:
+                prep = await self._run(table.prepare_insert, parts, priorities, durability)
+            turn = table.turn("insert", context.peer())
+            loop = asyncio.get_running_loop()
+
+            def attempt():
+                try:
+                    return table.try_insert(prep, turn)
+                finally:
+                    loop.call_soon_threadsafe(tried)
+
+            try:
+                return await self._admit(table, "insert", attempt, first.timeout_s, context, arrival=order, turn=turn)
+            except BaseException:
+                await self._run(table.abandon_insert, prep)
+                raise
+
+        # Queued behind the connection's earlier calls: the queue keeps their order.
+        remaining = context.time_remaining()
+        if not await arrival.wait(None if remaining is None else max(0.0, remaining - 0.05)):
+            raise DeadlineExceeded(f"table {table.name!r}: an earlier insert of this connection was still "
+                                   f"being received or validated at the call's deadline")
+        arrival.dispatched()
+        result = await self._inserts.insert(table, Pending(parts, priorities, durability, alone))
+        call.detail = f"rows={len(priorities)} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
                                  num_duplicates=result.num_duplicates, num_stale=result.num_stale)
 
