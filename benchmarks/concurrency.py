@@ -1,4 +1,4 @@
-"""Many concurrent producers: 1,000 asyncio tasks over a handful of AsyncClient channels.
+"""Many concurrent producers: 1,000 and 10,000 asyncio tasks over a handful of AsyncClient channels.
 
 One fresh expstore server; one trajectory table (uniform, max_size above the load). In
 one event loop, ``producers`` tasks share ``channels`` AsyncClients (task i uses client
@@ -8,6 +8,8 @@ start to the last insert, per-insert latency p50/p99/max, errors (any exception)
 check that the table holds every row. The same producers then run against the raw gRPC
 server of ``raw_grpc`` (grpc.aio channels, each call one client-streaming ``Upload`` of
 one message the size of the batch's Arrow IPC stream): the ceiling for this call mix.
+The 10,000-producer row (``TEN_K``: one insert each, 16 channels) runs on a fresh server
+with the DEFAULT durable table, directly (no batcher), against its own raw ceiling.
 """
 
 from __future__ import annotations
@@ -99,13 +101,19 @@ async def _raw_producers(address: str, producers: int, channels: int, calls: int
     return {"message_bytes": len(message), **out, "items_per_s": out["calls_per_s"] * rows}
 
 
+TEN_K = dict(producers=10_000, channels=16, calls=1, rows=8)
+
+
 def run(quick: bool) -> dict:
     shape = dict(producers=1000, channels=8, calls=3 if quick else 10, rows=8)
     with server.start_expstore() as srv:
         out = asyncio.run(_producers(srv.address, **shape))
         out["batched"] = asyncio.run(_batched_producers(srv.address, **shape))
+    with server.start_expstore() as srv:
+        out["10k"] = asyncio.run(_producers(srv.address, **TEN_K))
     with raw_grpc.start() as srv:
         out["raw"] = asyncio.run(_raw_producers(srv.address, **shape))
+        out["10k"]["raw"] = asyncio.run(_raw_producers(srv.address, **TEN_K))
     return out
 
 

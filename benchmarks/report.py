@@ -36,7 +36,11 @@ def _f(x: float, digits: int = 0) -> str:
 
 WIRE_OPS = (("insert", "raw_upload", "upload"), ("insert x2", "raw_upload", "upload"),
             ("insert flight", "raw_upload", "upload"), ("sample", "raw_download", "download"),
-            ("sample x2", "raw_download", "download"), ("sample flight", "raw_download", "download"))
+            ("sample x2", "raw_download", "download"), ("sample flight", "raw_download", "download"),
+            ("stream", "raw_download", "download"), ("stream flight", "raw_download", "download"))
+# The Flight rows again, against the raw Arrow Flight ceiling of the same run.
+FLIGHT_OPS = (("insert flight", "raw_flight_put", "raw_upload"), ("sample flight", "raw_flight_get", "raw_download"),
+              ("stream flight", "raw_flight_get", "raw_download"))
 
 
 def _ratio_target(size: str, op: str) -> float:
@@ -46,10 +50,12 @@ def _ratio_target(size: str, op: str) -> float:
 
 
 def wire_section(wire: dict[str, dict], checks: list) -> str:
-    rows, latency_rows = [], []
+    rows, latency_rows, flight_rows = [], [], []
     for env, res in wire.items():
         for size, s in res["sizes"].items():
             for op, raw_key, raw_name in WIRE_OPS:
+                if op not in s:  # results written before the row existed
+                    continue
                 e, r = s[op], s[raw_key]
                 ratio = e["batches_per_s"] / r["batches_per_s"]
                 want = _ratio_target(size, op)
@@ -62,6 +68,12 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
                 checks.append((f"{op} {size} >= {want:.0%} of raw {raw_name} [{env}]", ok_ratio, f"{ratio:.0%}"))
                 rows.append([env, size, _f(s["arrow_bytes_per_row"]), op, _f(r["MB_per_s"]), _f(r["items_per_s"]),
                              _f(e["MB_per_s"]), _f(e["items_per_s"]), f"{ratio:.2f}x", target])
+            for op, raw_key, grpc_key in FLIGHT_OPS:
+                if op in s and raw_key in s:
+                    e, r = s[op], s[raw_key]
+                    flight_rows.append([env, size, op, raw_key, _f(r["items_per_s"]), _f(e["items_per_s"]),
+                                        f"{e['batches_per_s'] / r['batches_per_s']:.2f}x",
+                                        f"{r['batches_per_s'] / s[grpc_key]['batches_per_s']:.2f}x"])
             if size == "36KiB":
                 for op, lat in s["sample_latency_ms"].items():
                     ok = lat["p99"] < TARGETS["sample_p99_ms"]
@@ -75,7 +87,8 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
         notes.append(f"{size}: {s['tokens']} tokens/row, Arrow {s['arrow_bytes_per_row']:,.0f} B/row, "
                      f"batch IPC {s['batch_ipc_bytes']:,} B in messages up {s['upload_messages']} "
                      f"down {s['download_messages']}")
-    rounds = {env: {size: {op: s[op]["rounds"] for op in ("raw_upload", "raw_download", *(o for o, _, _ in WIRE_OPS))}
+    rounds = {env: {size: {op: s[op]["rounds"] for op in ("raw_upload", "raw_download", *(o for o, _, _ in WIRE_OPS))
+                           if op in s}
                     for size, s in res["sizes"].items()} for env, res in wire.items()}
     out = [f"1-3. Throughput on the {any_res.get('table', 'benchmark')} table, batch 256, one sync client "
            "(ratio = expstore / raw grpcio ceiling, same bytes and message sizes, measured alternately in "
@@ -86,6 +99,10 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
                    "expstore items/s", "ratio", "target"], rows, align_left=2),
            *("   " + n for n in notes),
            "   batches/s per round: " + json.dumps(rounds),
+           "", "3a. The Arrow Flight rows against the raw Arrow Flight ceiling (a trivial pyarrow.flight "
+           "server: DoPut drops the table, DoGet streams a prebuilt one), same run",
+           _table(["env", "items", "op", "ceiling", "raw Flight items/s", "expstore items/s", "ratio",
+                   "raw Flight / raw grpcio"], flight_rows, align_left=4),
            "", "3b. Sample latency, batch 256 x ~36 KiB",
            _table(["env", "items", "op", "calls", "p50 ms", "p99 ms", "target"], latency_rows, align_left=3)]
     envs = list(wire)
@@ -172,13 +189,32 @@ def concurrency_section(c: dict, checks: list) -> str:
                         f"{b['wall_s']:.1f}", _f(b["items_per_s"]), _f(b["calls_per_s"]),
                         _f(b["latency_ms"]["p50"], 1), _f(b["latency_ms"]["p99"], 1), b["errors"],
                         f"{b['stored_items']:,}", f"{b['rpcs']:,} RPCs; ratio {b['calls_per_s'] / raw['calls_per_s']:.0%}"])
-    out = ["6. Concurrent producers: asyncio tasks over AsyncClient channels, one event loop",
+    ten = c.get("10k")
+    if ten:
+        lat10, raw10 = ten["latency_ms"], ten["raw"]
+        ratio = ten["calls_per_s"] / raw10["calls_per_s"]
+        ok10 = ten["errors"] == 0 and ten["stored_items"] == ten["expected_items"]
+        checks.append((f"{ten['producers']:,} concurrent producers, 0 errors", ok10,
+                       f"{ten['errors']} errors, {ten['stored_items']:,}/{ten['expected_items']:,} rows stored"))
+        checks.append((f"{ten['producers']:,} producers >= 50% of raw calls/s", ratio >= 0.5, f"{ratio:.0%}"))
+        checks.append((f"{ten['producers']:,} producers p99 < 1 s", lat10["p99"] < 1000, f"{lat10['p99']:,.0f} ms"))
+        rows += [["expstore", ten["producers"], ten["channels"], f"{ten['calls_per_producer']} x {ten['rows_per_call']}",
+                  _f(ten["arrow_bytes_per_row"]), f"{ten['wall_s']:.1f}", _f(ten["items_per_s"]),
+                  _f(ten["calls_per_s"]), _f(lat10["p50"], 1), _f(lat10["p99"], 1), ten["errors"],
+                  f"{ten['stored_items']:,}", f"0 errors {_mark(ok10)}"],
+                 ["raw gRPC", ten["producers"], ten["channels"],
+                  f"{ten['calls_per_producer']} x {raw10['message_bytes']:,} B", "", f"{raw10['wall_s']:.1f}",
+                  _f(raw10["items_per_s"]), _f(raw10["calls_per_s"]), _f(raw10["latency_ms"]["p50"], 1),
+                  _f(raw10["latency_ms"]["p99"], 1), raw10["errors"], "", f"ratio {ratio:.0%}"]]
+    out = ["6. Concurrent producers: asyncio tasks over AsyncClient channels, one event loop; the DEFAULT durable "
+           "table (ssd tier, wal); 10,000 producers on a fresh server",
            _table(["server", "producers", "channels", "calls x rows", "B/row", "wall s", "items/s", "calls/s",
                    "p50 ms", "p99 ms", "errors", "stored", "target"], rows, align_left=1),
            "   batched: each channel's producers share an InsertBatcher (5 ms linger); calls/s counts producer inserts",
            "   raw gRPC: the same producers, each call one Upload of the batch's IPC size (the ceiling)"]
-    if c["error_samples"]:
-        out.append("   errors: " + "; ".join(c["error_samples"]))
+    for errors in (c["error_samples"], (ten or {}).get("error_samples")):
+        if errors:
+            out.append("   errors: " + "; ".join(errors))
     return "\n".join(out)
 
 

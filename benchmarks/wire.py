@@ -12,7 +12,10 @@ expstore see the same machine state on this noisy VM:
 3. the same over Arrow Flight (``flight_min_bytes=0``: every insert is a DoPut),
 4. raw download (server streaming) of the batch's sample messages,
 5. ``Client.sample(256)`` over gRPC, then with two in flight (``Client.sampler``),
-6. the same over Arrow Flight (DoGet).
+6. the same over Arrow Flight (DoGet),
+7. ``Client.stream(256)`` + ``ack`` of a fresh consumer group, over gRPC and over Flight,
+8. the raw Arrow Flight ceiling (``raw_flight``): DoPut and DoGet of the same 256-row
+   table with a trivial Flight server.
 
 The raw messages are the batch's Arrow IPC streams split as the client
 (``expstore_client.client.MESSAGE_BYTES``) and the server (``ServerConfig.message_bytes``)
@@ -40,7 +43,7 @@ from expstore_client import Client
 from expstore_client import client as client_mod
 from expstore_server.config import ServerConfig
 
-from . import raw_grpc, server
+from . import raw_flight, raw_grpc, server
 
 BATCH = 256
 SIZES = {"36KiB": 4096, "300B": 20}  # label -> tokens per row
@@ -123,6 +126,25 @@ def sample_rate_prefetch(client: Client, table: str, batch_bytes: int, seconds: 
     return _summary([elapsed / calls] * calls, batch_bytes)
 
 
+def stream_rate(client: Client, table: str, group: str, batch_bytes: int, seconds: float,
+                min_calls: int = 5) -> dict:
+    """Batches of a fresh consumer group (``stream`` + ``ack``), one at a time, while the
+    table has unread items."""
+    batches = int(client.stats(table)[table]["items"]) // BATCH - 1
+    it = client.stream(table, group, BATCH)
+    next(it).ack()  # warm-up
+    times = []
+    start = time.perf_counter()
+    while len(times) < batches - 1 and (len(times) < min_calls or time.perf_counter() - start < seconds):
+        t0 = time.perf_counter()
+        batch = next(it)
+        batch.ack()
+        times.append(time.perf_counter() - t0)
+        assert len(batch.ids) == BATCH
+    it.close()
+    return _summary(times, batch_bytes)
+
+
 def _median(rounds: list[dict]) -> dict:
     keys = ("batches_per_s", "items_per_s", "MB_per_s")
     out = {k: statistics.median(r[k] for r in rounds if k in r) for k in keys if k in rounds[0]}
@@ -135,8 +157,9 @@ def run(quick: bool) -> dict:
     rounds, seconds, latency_calls = (1, 1.5, 200) if quick else (5, 2.0, 250)
     client_mb, server_mb = client_mod.MESSAGE_BYTES, ServerConfig().message_bytes
     result = {"message_bytes": {"client": client_mb, "server": server_mb}, "table": TABLE_KIND, "sizes": {}}
-    with raw_grpc.start() as raw_srv, server.start_expstore() as exp_srv:
+    with raw_grpc.start() as raw_srv, raw_flight.start() as flight_srv, server.start_expstore() as exp_srv:
         raw = raw_grpc.RawClient(raw_srv.address)
+        raw_fl = raw_flight.RawFlightClient(flight_srv.address)
         clients = {"grpc": Client(exp_srv.address, flight=False),
                    "flight": Client(exp_srv.address, flight_min_bytes=0)}
         for label, tokens in SIZES.items():
@@ -145,9 +168,11 @@ def run(quick: bool) -> dict:
             table = f"bench_{label}"
             clients["grpc"].create_table(table, sampler="uniform", max_size=MAX_ITEMS[label])
             up_msgs = [bytes(np.random.default_rng(0).integers(0, 256, s, dtype=np.uint8)) for s in up]
-            per: dict[str, list] = {"raw_upload": [], "raw_download": []}
+            per: dict[str, list] = {"raw_upload": [], "raw_download": [], "raw_flight_put": [], "raw_flight_get": []}
+            raw_fl.keep(label, data)
             for r in range(rounds):
                 per["raw_upload"].append(raw_grpc.rate(raw.upload, up_msgs, sum(up), seconds, 5))
+                per["raw_flight_put"].append(raw_flight.rate(raw_fl.upload, data, BATCH, sum(up), seconds, 5))
                 for path, client in clients.items():
                     op = "insert" if path == "grpc" else "insert flight"
                     per.setdefault(op, []).append(insert_rate(client, table, data, sum(up), seconds,
@@ -155,12 +180,17 @@ def run(quick: bool) -> dict:
                 per.setdefault("insert x2", []).append(
                     insert_rate_pipelined(clients["grpc"], table, data, sum(up), seconds, f"{label}-{r}"))
                 per["raw_download"].append(raw_grpc.rate(raw.download, down, sum(down), seconds, 5))
+                per["raw_flight_get"].append(raw_flight.rate(raw_fl.download, label, BATCH, sum(down), seconds, 5))
                 min_calls = math.ceil(latency_calls / rounds) if label == "36KiB" else 5
                 for path, client in clients.items():
                     op = "sample" if path == "grpc" else "sample flight"
                     per.setdefault(op, []).append(sample_rate(client, table, sum(down), seconds, min_calls))
                 per.setdefault("sample x2", []).append(sample_rate_prefetch(clients["grpc"], table, sum(down),
                                                                             seconds))
+                for path, client in clients.items():
+                    op = "stream" if path == "grpc" else "stream flight"
+                    per.setdefault(op, []).append(stream_rate(client, table, f"{op}-{r}".replace(" ", "-"),
+                                                              sum(down), seconds))
             latency = {}
             for op in ("sample", "sample flight"):
                 times = np.array([t for r in per[op] for t in r.pop("latencies_s")])
@@ -177,6 +207,7 @@ def run(quick: bool) -> dict:
         for client in clients.values():
             client.close()
         raw.close()
+        raw_fl.close()
     return result
 
 
