@@ -1,0 +1,146 @@
+"""7a. Inserts into durable and memory tables against raw RocksDB writes (see benchmarks/tiers/__init__.py)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from rocksdict import WriteBatch
+
+from expstore import codec
+from expstore.spec import SamplerSpec, TableSpec
+from expstore.catalog import Catalog
+
+from .data import BATCH, MiB, SIZES, TOKENS, _batch, _labelled, _pct, _raw_db, blocks, pool, realistic
+
+
+# -- 1. insert ----------------------------------------------------------------------------
+
+def _insert_expstore(root: Path, pool: list[pa.Table], n: int, tiers: str, durability: str | None,
+                     threads: int = 1) -> dict:
+    pool = _labelled(pool, n + 1, "ins")  # built before the clock starts
+    store = Catalog(root / "data")
+    table = store.create_table(TableSpec("ins", tiers=tiers, memory_bytes=256 * MiB if tiers != "memory" else 64 << 30,
+                                         max_size=10_000_000, sampler=SamplerSpec("uniform")))
+    table.insert(pool[n], durability=durability)  # warm-up
+    lat: list[float] = []
+    syncs = store.db.syncs
+
+    def work(k: int, offset: int):
+        for i in range(k):
+            t0 = time.perf_counter()
+            table.insert(pool[offset + i], durability=durability)
+            lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    _run_threads(work, n, threads)
+    wall = time.perf_counter() - t0
+    items, syncs = len(table), store.db.syncs - syncs
+    store.close()
+    assert items == (n + 1) * pool[0].num_rows, items
+    return {"wall_s": wall, "batches": n, "latency": _pct(lat), "fsyncs": syncs}
+
+
+def _insert_raw(root: Path, encoded: list[list[bytes]], n: int, sync: bool, threads: int = 1) -> dict:
+    """The ceiling: the same stored values (``codec.encode_block`` of each block, done
+    before the clock starts) under the same keys, one WriteBatch per insert."""
+    db, family = _raw_db(root / "raw")
+    h = db.handle[family]
+    counter = iter(range(1 << 40))
+    lock = threading.Lock()
+    lat: list[float] = []
+
+    def one(i: int):
+        with lock:
+            chunk = next(counter)
+        wb = WriteBatch(raw_mode=True)
+        prefix = (1).to_bytes(4, "big") + chunk.to_bytes(8, "big")
+        for j, v in enumerate(encoded[i % len(encoded)]):
+            wb.put(prefix + j.to_bytes(4, "big"), v, h)
+        wb.put(prefix + b"\xff\xff\xff\xff", b"x" * 40, h)
+        db.write(wb, "wal")
+        if sync:
+            db.sync()
+
+    def work(k: int, offset: int):
+        for i in range(k):
+            t0 = time.perf_counter()
+            one(offset + i)
+            lat.append(time.perf_counter() - t0)
+
+    one(0)  # warm-up
+    t0 = time.perf_counter()
+    _run_threads(work, n, threads)
+    wall = time.perf_counter() - t0
+    db.close()
+    return {"wall_s": wall, "batches": n, "latency": _pct(lat)}
+
+
+def _run_threads(work, n: int, threads: int) -> None:
+    if threads == 1:
+        work(n, 0)
+        return
+    per = [n // threads + (i < n % threads) for i in range(threads)]
+    ts = [threading.Thread(target=work, args=(k, sum(per[:i]))) for i, k in enumerate(per)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _insert_configs(data: list[pa.Table], encoded: list[list[bytes]], n: int) -> dict:
+    """name -> (run(dir), the ceiling it is compared with)."""
+    ssd = "durable table (ssd, default)"
+    return {
+        "raw RocksDB put (WAL)": (lambda d: _insert_raw(d, encoded, n, sync=False), None),
+        "raw RocksDB put + fsync": (lambda d: _insert_raw(d, encoded, n, sync=True), None),
+        f"{ssd}, wal (default)": (lambda d: _insert_expstore(d, data, n, "ssd", "wal"), "raw RocksDB put (WAL)"),
+        f"{ssd}, fsync": (lambda d: _insert_expstore(d, data, n, "ssd", "fsync"), "raw RocksDB put + fsync"),
+        f"{ssd}, memory": (lambda d: _insert_expstore(d, data, n, "ssd", "memory"), "raw RocksDB put (WAL)"),
+        "memory table": (lambda d: _insert_expstore(d, data, n, "memory", None), "raw RocksDB put (WAL)"),
+        "raw RocksDB put + fsync, 4 threads": (lambda d: _insert_raw(d, encoded, n, sync=True, threads=4), None),
+        f"{ssd}, wal, 4 threads": (lambda d: _insert_expstore(d, data, n, "ssd", "wal", threads=4),
+                                   "raw RocksDB put (WAL)"),
+        f"{ssd}, fsync, 4 threads": (lambda d: _insert_expstore(d, data, n, "ssd", "fsync", threads=4),
+                                     "raw RocksDB put + fsync, 4 threads"),
+    }
+
+
+def bench_insert(tmp: Path, quick: bool) -> dict:
+    """Per row size: every config (``_insert_configs``) in a fresh data dir, the configs
+    alternating within each round; the median round of each."""
+    out: dict = {"sizes": {}}
+    for size, tokens in SIZES.items():
+        data = pool() if tokens == TOKENS else [realistic(BATCH, tokens=tokens, seed=s, prefix=f"s{s}") for s in range(4)]
+        batches = [_batch(t) for t in data]
+        encoded = [[codec.encode_block(b) for b in blocks(rb)] for rb in batches]
+        arrow = float(np.mean([t.nbytes for t in data]))
+        stored = float(np.mean([sum(map(len, e)) for e in encoded]))
+        rounds, n = (1, 5) if quick else (3, 12)
+        if tokens != TOKENS:
+            n *= 8  # small inserts: more of them
+        configs = _insert_configs(data, encoded, n)
+        runs: dict[str, list[dict]] = {k: [] for k in configs}
+        for _ in range(rounds):
+            for name, (fn, _) in configs.items():
+                d = Path(tempfile.mkdtemp(dir=tmp, prefix="ins-"))
+                try:
+                    runs[name].append(fn(d))
+                finally:
+                    shutil.rmtree(d, ignore_errors=True)
+        res = {"arrow_bytes_per_batch": arrow, "stored_bytes_per_batch": stored, "rows_per_batch": BATCH,
+               "batches_per_round": n, "rounds": rounds, "order": list(configs), "configs": {}}
+        for name, rs in runs.items():
+            r = sorted(rs, key=lambda x: x["wall_s"])[len(rs) // 2]
+            res["configs"][name] = {"items_per_s": BATCH * n / r["wall_s"], "MB_per_s": arrow * n / r["wall_s"] / 1e6,
+                                    "latency": r["latency"], "ceiling": configs[name][1],
+                                    "fsyncs": r.get("fsyncs"), "rounds_wall_s": [x["wall_s"] for x in rs]}
+        out["sizes"][size] = res
+    return out
+
+
