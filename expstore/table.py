@@ -906,6 +906,10 @@ class Table:
         the server's event loop."""
         self._lines[turn.op].expect(turn)
 
+    def in_line(self, op: str) -> int:
+        """The ``"insert"`` or ``"sample"`` calls waiting in line (no lock: a glance)."""
+        return len(self._lines[op])
+
     def leave(self, turn: Turn) -> None:
         """End a call's turn (idempotent; an attempt still running for it then never
         joins the line); the call behind it, if any, is woken."""

@@ -14,7 +14,8 @@ next calls queue up, so groups grow with the load and a lone call waits for nobo
 
 A group of several calls that cannot be committed whole (a call's rows fail validation,
 the rate limiter holds the rows back, the disk is full, ...) is undone and its calls
-committed one by one, in order, the ordinary way (``alone``): each gets exactly the answer
+committed one by one, in order, the ordinary way (``alone``), as is a group that finds
+inserts already waiting in the table's line (it would only be undone): each gets exactly the answer
 or error it would have got without coalescing, and a bad call fails alone while the
 others land. A call that was alone in its group is already committed the ordinary way
 (one ``prepare_insert``, then admission: waiting, if it must, for the rate limiter).
@@ -152,6 +153,8 @@ class InsertCoalescer:
         their rows), or the prepared rows of a lone call the rate limiter holds back.
         A lone call's error is raised: it is the call's own."""
         alone = len(group) == 1
+        if not alone and table.in_line("insert"):  # held back anyway: go behind them one by one
+            return None
         # One record batch: one chunk (a copy of at most max_bytes of small rows).
         parts = group[0].parts if alone else [pa.concat_tables([p for c in group for p in c.parts]).combine_chunks()]
         priorities = group[0].priorities if alone else np.concatenate([c.priorities for c in group])
