@@ -11,6 +11,12 @@ Arrow bytes; at least one call) and commits them on one engine thread, as one
 ``prepare_insert`` and one ``try_insert``; each call then gets its own answer: its rows'
 ids and counts, as if it had been committed alone. While a group is being committed the
 next calls queue up, so groups grow with the load and a lone call waits for nobody.
+A call's record batches become one (a copy of at most ``max_bytes``): a client's batcher
+sends hundreds, each of which would otherwise be a chunk and a write of its own.
+Committing calls one group at a time costs the calls that were large already: measured,
+1,000 producers through 8 batchers (calls of ~1,000 rows) made 2,500-2,900 calls/s here
+against 5,000-5,600 when each call prepared on a thread of its own; committing groups
+side by side (each prepared on its own thread, committed in order) is the next step.
 
 A group of several calls that cannot be committed whole (a call's rows fail validation,
 the rate limiter holds the rows back, the disk is full, ...) is undone and its calls
@@ -40,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from expstore.admission import Wait
-from expstore.errors import ExpstoreError
+from expstore.errors import DeadlineExceeded, ExpstoreError
 from expstore.table import InsertResult, PreparedInsert, Table
 
 from .arrivals import Arrival
@@ -70,10 +76,19 @@ class Pending:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
+    @property
+    def batches(self) -> int:
+        return sum(p.num_rows and len(p.to_batches()) for p in self.parts)
+
+    def mergeable(self) -> bool:
+        """Whether this call's rows can be one record batch (its messages share a schema)."""
+        schema = self.parts[0].schema
+        return all(p.schema.equals(schema) for p in self.parts[1:])
+
     def joins(self, first: "Pending") -> bool:
         """Whether this call's rows can share a chunk with ``first``'s."""
-        schema = first.parts[0].schema
-        return self.durability == first.durability and all(p.schema.equals(schema) for p in self.parts)
+        return self.durability == first.durability and self.mergeable() and \
+            self.parts[0].schema.equals(first.parts[0].schema)
 
 
 class InsertCoalescer:
@@ -83,9 +98,13 @@ class InsertCoalescer:
         self._queues: dict[Table, deque[Pending]] = {}
         self.groups = 0  # groups of several calls committed whole (tests, benchmarks)
 
-    async def insert(self, table: Table, call: Pending) -> InsertResult:
-        """Queue a call (its connection's earlier calls are queued already) and wait for
-        its answer."""
+    async def insert(self, table: Table, call: Pending, arrival: Arrival, wait_s: float | None) -> InsertResult:
+        """Queue a call behind its connection's earlier calls (``arrival``; waiting up to
+        ``wait_s`` for them) and wait for its answer."""
+        if not await arrival.wait(wait_s):
+            raise DeadlineExceeded(f"table {table.name!r}: an earlier insert of this connection was still "
+                                   f"being received or validated at the call's deadline")
+        arrival.dispatched()
         queue = self._queues.get(table)
         if queue is None:
             queue = self._queues[table] = deque()
@@ -96,7 +115,7 @@ class InsertCoalescer:
     async def _drain(self, table: Table, queue: deque[Pending]) -> None:
         try:
             while queue:
-                group = self._take(queue)
+                group = self._take(table, queue)
                 if not group:  # their callers have gone
                     continue
                 try:
@@ -137,10 +156,28 @@ class InsertCoalescer:
         if tried:
             await asyncio.wait(tried)
 
-    def _take(self, queue: deque[Pending]) -> list[Pending]:
+    def _prepare(self, table: Table, group: list[Pending]) -> PreparedInsert | None:
+        """(An engine thread.) The group's rows prepared as one record batch, one chunk (a
+        copy of at most max_bytes of rows, which saves a chunk and a write per record
+        batch sent: a client's batcher sends hundreds); or None if they fail validation
+        that way. A call that cannot be one batch (messages of different schemas, or more
+        than max_bytes) is prepared as it was sent; its errors are raised (its own)."""
+        first = group[0]
+        if len(group) == 1 and not (first.mergeable() and first.batches > 1 and first.nbytes <= self.max_bytes):
+            return table.prepare_insert(first.parts, first.priorities, first.durability)
+        merged = pa.concat_tables([p for c in group for p in c.parts]).combine_chunks()
+        priorities = np.concatenate([c.priorities for c in group])
+        try:
+            return table.prepare_insert([merged], priorities, first.durability)
+        except ExpstoreError:
+            if len(group) > 1:
+                return None  # each call validated again as it was sent: its own error
+            return table.prepare_insert(first.parts, first.priorities, first.durability)
+
+    def _take(self, table: Table, queue: deque[Pending]) -> list[Pending]:
         group = [queue.popleft()]
         rows, nbytes = group[0].rows, group[0].nbytes
-        while queue and queue[0].joins(group[0]) and rows + queue[0].rows <= self.max_rows \
+        while queue and group[0].mergeable() and queue[0].joins(group[0]) and rows + queue[0].rows <= self.max_rows \
                 and nbytes + queue[0].nbytes <= self.max_bytes:
             call = queue.popleft()
             rows, nbytes = rows + call.rows, nbytes + call.nbytes
@@ -155,14 +192,8 @@ class InsertCoalescer:
         alone = len(group) == 1
         if not alone and table.in_line("insert"):  # held back anyway: go behind them one by one
             return None
-        # One record batch: one chunk (a copy of at most max_bytes of small rows).
-        parts = group[0].parts if alone else [pa.concat_tables([p for c in group for p in c.parts]).combine_chunks()]
-        priorities = group[0].priorities if alone else np.concatenate([c.priorities for c in group])
-        try:
-            prep = table.prepare_insert(parts, priorities, group[0].durability)
-        except ExpstoreError:
-            if alone:
-                raise
+        prep = self._prepare(table, group)
+        if prep is None:
             return None
         turn = table.turn("insert")
         try:

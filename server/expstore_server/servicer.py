@@ -285,13 +285,9 @@ class Servicer:
                 await self._run(table.abandon_insert, prep)
                 raise
 
-        # Queued behind the connection's earlier calls: the queue keeps their order.
         remaining = context.time_remaining()
-        if not await arrival.wait(None if remaining is None else max(0.0, remaining - 0.05)):
-            raise DeadlineExceeded(f"table {table.name!r}: an earlier insert of this connection was still "
-                                   f"being received or validated at the call's deadline")
-        arrival.dispatched()
-        result = await self._inserts.insert(table, Pending(parts, priorities, durability, alone))
+        result = await self._inserts.insert(table, Pending(parts, priorities, durability, alone), arrival,
+                                            None if remaining is None else max(0.0, remaining - 0.05))
         call.detail = f"rows={len(priorities)} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
                                  num_duplicates=result.num_duplicates, num_stale=result.num_stale)
