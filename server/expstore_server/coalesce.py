@@ -12,11 +12,8 @@ Arrow bytes; at least one call) and commits them on one engine thread, as one
 ids and counts, as if it had been committed alone. While a group is being committed the
 next calls queue up, so groups grow with the load and a lone call waits for nobody.
 A call's record batches become one (a copy of at most ``max_bytes``): a client's batcher
-sends hundreds, each of which would otherwise be a chunk and a write of its own.
-Committing calls one group at a time costs the calls that were large already: measured,
-1,000 producers through 8 batchers (calls of ~1,000 rows) made 2,500-2,900 calls/s here
-against 5,000-5,600 when each call prepared on a thread of its own; committing groups
-side by side (each prepared on its own thread, committed in order) is the next step.
+sends hundreds, each of which would otherwise be a chunk and a write of its own (measured,
+one call of 125 x 8 rows: 200-260 ms prepared as sent, 7-16 ms as one batch).
 
 A group of several calls that cannot be committed whole (a call's rows fail validation,
 the rate limiter holds the rows back, the disk is full, ...) is undone and its calls
