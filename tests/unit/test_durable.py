@@ -246,7 +246,7 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     block per row); a random selection reads back exactly, after a restart too, and a
     damaged block names its table, chunk and block and quarantines just its two rows."""
     data = trajectories(64, tokens=4096, id_prefix="big")
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", memory_bytes=1))  # every read goes to the SSD tier
     ids = t.insert(data).item_ids
     ssd = t._chunks.placement.ssd
@@ -260,7 +260,7 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     assert got(pick) == [expected[i] for i in pick.tolist()]
     store.close()
 
-    store = Store(tmp_path / "d")
+    store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert got(pick) == [expected[i] for i in pick.tolist()]
     cf = store.db.cf[t._chunks.placement.ssd.family]
