@@ -36,9 +36,17 @@ byte per group code ever seen. Not thread-safe: the table holds its lock.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+
+from .records import GroupsTimedOut
+
+if TYPE_CHECKING:
+    from .parts import Parts
+    from .table import Table
 
 COLUMN = "group_released_partial"
 PENDING, RELEASED, DROPPED = 0, 1, 2
@@ -129,6 +137,58 @@ class GroupTimeouts:
             c = code(n)
             self._first[c] = float(t)
             heapq.heappush(self._heap, (float(t) + self.timeout_s, c))
+
+
+class GroupTimer:
+    """Fires a table's group timeouts: journals each that fell due and applies it (the
+    sampler lets the groups go, the index corrects ``group_size``, the table removes what
+    is dropped). Apart from ``GroupTimeouts`` (the deadlines) because it acts on the
+    table's parts; apart from ``Table`` because only tables with group timeouts have it.
+    Every method runs with the table's lock held."""
+
+    def __init__(self, table: "Table", parts: "Parts", action: str, counters: Counter[str]) -> None:
+        self.table, self.action, self.counters = table, action, counters
+        self.timeouts, self.sampler, self.groups, self.index = parts.timeouts, parts.sampler, parts.groups, parts.index
+
+    def tick(self) -> None:
+        """Time out the forming groups whose deadline passed (the others completed in
+        time, or broke): journaled, then applied."""
+        if self.timeouts is None:
+            return
+        due = self.timeouts.due(self.table.wall_clock())
+        if len(due) == 0:
+            return
+        forming = self.sampler.forming(due)
+        if len(forming):
+            self.table.journal(GroupsTimedOut(groups=[self.groups.name(c) for c in forming.tolist()],
+                                              action=self.action))
+            self.settle(forming, self.action)
+            self.table.changed()
+
+    def settle(self, codes: np.ndarray, action: str) -> None:
+        """Time out forming groups (replay too): release them, their members' group_size
+        corrected to what arrived, or drop their members."""
+        codes, slots = self.sampler.expire(codes, release=action == "release")
+        self.timeouts.settle(codes, action)
+        if action == "release":
+            _, group, arrived = np.unique(self.index["group"][slots], return_inverse=True, return_counts=True)
+            self.index["group_size"][slots] = arrived[group]
+            self.counters["group_timeouts_released"] += len(codes)
+            self.table.remove_slots(self.sampler.rejected(), "zero_variance", log=False)  # drop_zero_variance
+        else:
+            self.table.remove_slots(slots, "group_timeout", log=False)
+            self.counters["group_timeouts_dropped"] += len(codes)
+
+    def settle_named(self, names: list[str], action: str) -> None:
+        """Time out the forming groups named (replay of ``GroupsTimedOut``)."""
+        self.settle(np.array([self.groups.find(g) for g in names], np.int64), action)
+
+    def retry_after(self) -> float | None:
+        """Seconds until the next group timeout, if any (a waiting sample retries then)."""
+        if self.timeouts is None:
+            return None
+        deadline = self.timeouts.next_deadline()
+        return None if deadline is None else max(0.0, deadline - self.table.wall_clock()) + 1e-3
 
 
 def with_released(data: pa.RecordBatch, released: np.ndarray, sizes: np.ndarray) -> pa.RecordBatch:

@@ -14,10 +14,22 @@ Not thread-safe: the table holds its lock.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+
+from . import records  # the module: records.py replays Quarantined into an Event of this one
+from .errors import DataLoss
+
+if TYPE_CHECKING:
+    from .index import ItemIndex
+    from .placement import Placement
+    from .table import Table
+
+log = logging.getLogger("expstore.table")
 
 
 @dataclass(frozen=True)
@@ -80,3 +92,58 @@ class Quarantine:
         chunks, tiers, reasons = fields["quarantine_chunks"].tolist(), fields["quarantine_tiers"], fields["quarantine_reasons"]
         self._events = [Event(int(c), t, r) for c, t, r in zip(chunks, tiers, reasons)]
         self._of_item = dict(zip(fields["quarantine_ids"].tolist(), fields["quarantine_event"].tolist()))
+
+
+class Quarantiner:
+    """Moves a table's damaged items into quarantine: the live items stored where a read
+    found damage are journaled (``Quarantined``), remembered in the registry and removed
+    from the table, and a later call naming one of them fails with DATA_LOSS saying why.
+    Apart from ``Table`` because damage is met by every reader (reads.py, movement.py,
+    recovery.py), which hand it here. Every method runs with the table's lock held."""
+
+    def __init__(self, table: "Table", index: "ItemIndex", placement: "Placement", registry: Quarantine) -> None:
+        self.table, self.index, self.placement, self.registry = table, index, placement, registry
+
+    def damage(self, error: DataLoss) -> int:
+        """Quarantine the live items stored where ``error`` found damage: for each damaged
+        chunk, the items in its damaged rows (all of them when the whole chunk is).
+        Returns how many items were quarantined."""
+        total = 0
+        for chunk, ranges in error.damage.items():
+            tier = self.placement.home(chunk) if self.placement.durable else "memory"
+            total += self._items(chunk, ranges, tier, str(error))
+        if total:
+            self.table.changed()
+        return total
+
+    def _items(self, chunk: int, ranges: list[tuple[int, int]] | None, tier: str, reason: str) -> int:
+        ix = self.index
+        live = ix.live_slots()
+        slots = live[ix["chunk"][live] == chunk]
+        if ranges is not None:
+            rows = ix["row"][slots]
+            inside = np.zeros(len(slots), dtype=bool)
+            for lo, hi in ranges:
+                inside |= (rows >= lo) & (rows < hi)
+            slots = slots[inside]
+        if len(slots) == 0:
+            return 0
+        self.event(chunk, tier, reason, ix["id"][slots].copy())
+        self.table.remove_slots(slots, "quarantined", log=False)
+        return len(slots)
+
+    def event(self, chunk: int, tier: str, reason: str, ids: np.ndarray) -> None:
+        """Journal and remember one damage event (the caller removes its live items)."""
+        self.table.journal(records.Quarantined(ids=ids, chunk=chunk, tier=tier, reason=reason))
+        event = Event(chunk, tier, reason)
+        self.registry.add(event, ids)
+        log.error("table %r: chunk %d on the %s tier is damaged; %d items quarantined: %s",
+                  self.table.name, event.chunk, event.tier, len(ids), event.reason)
+
+    def check_not_quarantined(self, ids: np.ndarray) -> None:
+        """DATA_LOSS naming the first of ``ids`` that is quarantined, and why."""
+        for item_id in ids.tolist():
+            event = self.registry.event_of(item_id)
+            if event is not None:
+                raise DataLoss(f"table {self.table.name!r}: item {item_id} is quarantined: its chunk "
+                               f"{event.chunk} on the {event.tier} tier is damaged ({event.reason})")

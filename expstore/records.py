@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from .pacing import Reservation
-from .quarantine import Event
+from . import quarantine  # the module: quarantine.py journals Quarantined records
 
 if TYPE_CHECKING:
     from .table import Table
@@ -233,7 +233,7 @@ class Quarantined(Record):
     reason: str
 
     def replay(self, table: "Table") -> None:
-        table.parts.quarantine.add(Event(int(self.chunk), self.tier, self.reason), self.ids)
+        table.parts.quarantine.add(quarantine.Event(int(self.chunk), self.tier, self.reason), self.ids)
         if table.parts.archive is not None:  # removed items' rows it will not archive
             table.parts.archive.drop_ids(int(self.chunk), self.ids)
         table.remove_ids(self.ids, "quarantined")

@@ -40,7 +40,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator, Sequence
 
@@ -50,25 +49,26 @@ import pyarrow as pa
 from . import ingest_checks, recovery
 from . import schema as protocol
 from .admission import Admission, Wait
-from .errors import (DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
-                     Unavailable)
+from .errors import DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from .intake import Intake, PreparedInsert
 from .ingest_checks import References
 from .movement import Mover
 from .parts import Backing, Parts
 from .placement import Staged
-from .quarantine import Event, Quarantine
+from .gate import Gate
+from .group_timeouts import GroupTimer
+from .quarantine import Quarantine, Quarantiner
 from .reads import PlannedRows, Reader, Rows
-from .pacing import Pacing, Reservation
-from .records import (GroupsTimedOut, Inserted, PrioritySet, Quarantined, Record, Removed, ReservationReleased,
-                      Reserved, Sampled, VersionSet)
+from .pacing import Reservation
+from .records import Inserted, PrioritySet, Record, Removed, Sampled, VersionSet
+from .reservations import Reservations
 from .samplers.base import Codebook, Items
 from .samplers.capped import sample_capped
 from .stats import STALENESS_BUCKETS, Staleness, table_stats  # noqa: F401 (STALENESS_BUCKETS: users import it from here)
 from .spec import TableSpec
 from .streams import DEFAULT_VISIBILITY_TIMEOUT, Streams
 from .tiers.checksums import RemoteChecksums
-from .turns import Line, Turn
+from .turns import Turn
 
 log = logging.getLogger("expstore.table")
 
@@ -107,10 +107,9 @@ class Table:
         self._clock = clock
         self._wall_clock = wall_clock
         self._rng = np.random.default_rng(seed)
-        self._cond = threading.Condition()
-        self._listeners: list[Callable[[], None]] = []
-        self._epoch = 0  # changes so far: a waiter that saw an older count does not wait
-        self._closed = False
+        self._gate = gate = Gate(spec.name)  # the lock, change notifications, lines of blocked calls
+        self._cond, self._lines = gate.lock, gate.lines  # the insert path's names for them
+        self._held, self._admitted = gate.held, gate.admitted
 
         self.storage = storage if spec.tiers != "memory" else None
         self.replaying = False  # replaying the journal: journal off, chunks adopted after
@@ -129,8 +128,9 @@ class Table:
                               server_filled=parts.timeouts is not None,
                               versioned="data_version" in self.schema.names and spec.sampler.mixed,
                               pace=parts.pacing, group_size=parts.sampler.group_size)
-        # blocked calls, first come first served
-        self._lines = {"insert": Line(), "sample": Line(), "reserve": Line()}
+        self._reservations = Reservations(self, gate, parts.pacing, clock)
+        self._group_timer = GroupTimer(self, parts, spec.group_timeout_action, self.counters)
+        self._quarantiner = Quarantiner(self, parts.index, parts.chunks.placement, parts.quarantine)
 
         # Samples the live items may still take under max_times_sampled (sum of allowances).
         self._allowance = 0
@@ -374,17 +374,16 @@ class Table:
             self.check_open()
             self._tick()
             self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
-            if not line.first(turn):
-                return Wait(f"{line.ahead_of(turn)} earlier samples are waiting (first come, first served)",
-                            self._epoch)
+            if (ahead := self._gate.ahead(line, turn)) is not None:
+                return ahead
             if not self._limiter.can_sample(n):
                 return Wait(f"rate limiter: {n} samples must wait for inserts ({len(self._index)} items)",
-                            self._epoch)
+                            self.epoch)
             if not (self._sampler.can_sample(n, **kw) and (not self.spec.max_times_sampled or self._allowance >= n)):
                 why = f"the {self.spec.sampler.type} sampler cannot serve {n} items yet ({len(self._sampler)} eligible)"
                 detail = self._sampler.explain(n, **kw)
-                return Wait(why + (f": {detail}" if detail else ""), self._epoch,
-                            retry_after=self._next_group_timeout())
+                return Wait(why + (f": {detail}" if detail else ""), self.epoch,
+                            retry_after=self._group_timer.retry_after())
             with self._admitted(line, turn):
                 rows = self._sample_now(n, step, kw)
         return self._gather(rows)
@@ -417,122 +416,44 @@ class Table:
         self.changed()
         return rows
 
-    # -- group timeouts (group_timeouts.py) ------------------------------------------
+    # -- what falls due by the wall clock ---------------------------------------------
 
-    def _tick(self) -> None:
-        """Settle the groups whose timeout passed (lock held): journaled, then applied;
-        likewise expire leases (pacing) and move items out of the hot window (retention)."""
-        if self._closed:
+    def tick(self) -> None:
+        """Settle what fell due before a call reads the table (lock held): leases that
+        ended (reservations.py), rows leaving the hot window (retention.py), groups whose
+        timeout passed (group_timeouts.py). Lazy, so that no timer thread is needed."""
+        if self._gate.closed:
             return
-        if self._pacing is not None:
-            self._expire_reservations()
-        if self._retention is not None:  # the hot window (retention.py)
+        self._reservations.expire()
+        if self._retention is not None:
             left = 0
             for slots in self._retention.leaving(self._index, lambda: self._chunks.nbytes, self._wall_clock()):
                 self.remove_slots(slots, "retention")
                 left += len(slots)
             if left:
                 self.changed()
-        if self._timeouts is None:
-            return
-        due = self._timeouts.due(self._wall_clock())
-        if len(due) == 0:
-            return
-        forming = self._sampler.forming(due)  # the others completed in time, or broke
-        if len(forming):
-            action = self.spec.group_timeout_action
-            self.journal(GroupsTimedOut(groups=[self._groups.name(c) for c in forming.tolist()], action=action))
-            self._settle(forming, action)
-            self.changed()
+        self._group_timer.tick()
 
-    def _settle(self, codes: np.ndarray, action: str) -> None:
-        """Time out forming groups (lock held; replay too): release them, their members'
-        group_size corrected to what arrived, or drop their members."""
-        codes, slots = self._sampler.expire(codes, release=action == "release")
-        self._timeouts.settle(codes, action)
-        if action == "release":
-            _, group, arrived = np.unique(self._index["group"][slots], return_inverse=True, return_counts=True)
-            self._index["group_size"][slots] = arrived[group]
-            self.counters["group_timeouts_released"] += len(codes)
-            self.remove_slots(self._sampler.rejected(), "zero_variance", log=False)  # drop_zero_variance
-        else:
-            self.remove_slots(slots, "group_timeout", log=False)
-            self.counters["group_timeouts_dropped"] += len(codes)
+    _tick = tick  # the insert path's name for it
 
-    def _next_group_timeout(self) -> float | None:
-        """Seconds until the next group timeout, if any (a waiting sample retries then)."""
-        if self._timeouts is None:
-            return None
-        deadline = self._timeouts.next_deadline()
-        return None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3
-
-    # -- paced admission (pacing.py) ---------------------------------------------------
+    # -- paced admission (reservations.py) ---------------------------------------------
 
     def reserve(self, n: int, timeout: float | None = None, lease_s: float | None = None) -> Reservation:
         """Reserve admission for a rollout of ``n`` rows before starting it (paced
         tables). Blocks (up to ``timeout``; None: forever) while the pace holds it back;
         blocked reservations are granted first come, first served."""
-        with Admission(self, "reserve", timeout, self.turn("reserve"), self._clock) as adm:
-            while isinstance(outcome := self.try_reserve(n, adm.turn, lease_s), Wait):
-                self.wait_for_change(outcome.epoch, adm.limit(outcome))
-        return outcome
+        return self._reservations.reserve(n, timeout, lease_s)
 
     def try_reserve(self, n: int, turn: Turn, lease_s: float | None = None) -> Reservation | Wait:
         """One attempt to reserve (admission.py): the reservation, or a ``Wait`` while the
         pace or earlier reservations in line hold it back (``retry_after``: when the next
         lease ends and gives its rows back)."""
-        pace = self._paced()
-        pace.check(n, lease_s)
-        with self._cond:
-            line = self._lines["reserve"]
-            if (held := self._held(line, turn)) is not None:
-                return held
-            self.check_open()
-            self._tick()
-            if not line.first(turn):
-                return Wait(f"{line.ahead_of(turn)} earlier reservations are waiting (first come, first served)",
-                            self._epoch)
-            if not pace.can_grant(n, self.policy_version):
-                deadline = pace.next_deadline()
-                return Wait(pace.why(n, self.policy_version), self._epoch,
-                            retry_after=None if deadline is None else max(0.0, deadline - self._wall_clock()) + 1e-3)
-            with self._admitted(line, turn):
-                r = pace.offer(n, self.policy_version, self._wall_clock(), lease_s)
-                self.journal(Reserved(id=r.id, n=r.count, deadline=r.deadline, version=r.policy_version))
-                pace.grant(r)
-                self.changed()
-            return r
+        return self._reservations.try_reserve(n, turn, lease_s)
 
     def release(self, reservation_id: int) -> int:
         """Give back a reservation's rows not inserted yet (a rollout abandoned); returns
         how many. A reservation already settled, released or expired gives back 0."""
-        pace = self._paced()
-        rid = int(reservation_id)
-        pace.check_release(rid)
-        with self._cond:
-            self.check_open()
-            self._tick()
-            if rid not in pace:
-                return 0
-            self.journal(ReservationReleased(id=rid, reason="released"))
-            freed = pace.release(rid)
-            self.changed()
-            return freed
-
-    def _expire_reservations(self) -> None:
-        """Give back the unused rows of reservations whose lease ended (lock held)."""
-        due = self._pacing.due(self._wall_clock())
-        for rid in due:
-            self.journal(ReservationReleased(id=rid, reason="expired"))
-            self._pacing.release(rid, "expired")
-        if due:
-            self.changed()
-
-    def _paced(self) -> Pacing:
-        if self._pacing is None:
-            raise FailedPrecondition(f"table {self.name!r} does not pace admission (create it with pacing = "
-                                     f"{{rollouts_per_version = B}} and max_staleness)")
-        return self._pacing
+        return self._reservations.release(reservation_id)
 
     def _touch(self, n: int) -> np.ndarray:
         """The next n values of the insert-or-update counter (index column "touched")."""
@@ -730,7 +651,7 @@ class Table:
         with self._cond:
             self._tick()
             return table_stats(self._parts, self.counters, self._staleness, self.policy_version,
-                               {op: len(self._lines[op]) for op in ("insert", "sample")})
+                               self._gate.waiting("insert", "sample"))
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -746,56 +667,25 @@ class Table:
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change (under the lock: it must not block):
         the asyncio server's waiter."""
-        with self._cond:
-            self._listeners.append(listener)
+        self._gate.subscribe(listener)
 
     def close(self) -> None:
         """Wake every waiter with UNAVAILABLE; later calls fail the same way."""
         with self._cond:
-            self._closed = True
-            for line in self._lines.values():
-                line.closed = True
+            self._gate.close()
             self.changed()
         self._mover.close()  # the read-ahead thread, the remote tiers' reader threads
 
-    # -- damage -----------------------------------------------------------------------
+    # -- damage (quarantine.py) --------------------------------------------------------
 
     def quarantine_damage(self, error: DataLoss) -> int:
-        """Quarantine the live items stored where a read found damage (lock held): for
-        each damaged chunk, the items in its damaged rows (all of them when the whole chunk
-        is). Returns how many items were quarantined."""
-        placement = self._chunks.placement
-        total = 0
-        for chunk, ranges in error.damage.items():
-            tier = placement.home(chunk) if placement.durable else "memory"
-            total += self._quarantine_items(chunk, ranges, tier, str(error))
-        if total:
-            self.changed()
-        return total
-
-    def _quarantine_items(self, chunk: int, ranges: list[tuple[int, int]] | None, tier: str, reason: str) -> int:
-        ix = self._index
-        live = ix.live_slots()
-        slots = live[ix["chunk"][live] == chunk]
-        if ranges is not None:
-            rows = ix["row"][slots]
-            inside = np.zeros(len(slots), dtype=bool)
-            for lo, hi in ranges:
-                inside |= (rows >= lo) & (rows < hi)
-            slots = slots[inside]
-        if len(slots) == 0:
-            return 0
-        self.quarantine_event(chunk, tier, reason, ix["id"][slots].copy())
-        self.remove_slots(slots, "quarantined", log=False)
-        return len(slots)
+        """Quarantine the live items stored where a read found damage (lock held;
+        ``Quarantiner.damage``). Returns how many items were quarantined."""
+        return self._quarantiner.damage(error)
 
     def quarantine_event(self, chunk: int, tier: str, reason: str, ids: np.ndarray) -> None:
         """Journal and remember one damage event (lock held; the caller removes its live items)."""
-        self.journal(Quarantined(ids=ids, chunk=chunk, tier=tier, reason=reason))
-        event = Event(chunk, tier, reason)
-        self._quarantine.add(event, ids)
-        log.error("table %r: chunk %d on the %s tier is damaged; %d items quarantined: %s",
-                  self.name, event.chunk, event.tier, len(ids), event.reason)
+        self._quarantiner.event(chunk, tier, reason, ids)
 
     # -- internals --------------------------------------------------------------------
 
@@ -810,11 +700,7 @@ class Table:
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
         if (slots < 0).any():
-            for item_id in ids[slots < 0].tolist():
-                event = self._quarantine.event_of(item_id)
-                if event is not None:
-                    raise DataLoss(f"table {self.name!r}: item {item_id} is quarantined: its chunk "
-                                   f"{event.chunk} on the {event.tier} tier is damaged ({event.reason})")
+            self._quarantiner.check_not_quarantined(ids[slots < 0])
             missing = int(ids[slots < 0][0])
             raise NotFound(f"table {self.name!r}: no item with id {missing} "
                            f"({int((slots < 0).sum())} of {len(ids)} ids unknown or removed)")
@@ -892,77 +778,38 @@ class Table:
         return self.policy_version - self.spec.max_staleness
 
     def turn(self, op: str, origin: Hashable | None = None) -> Turn:
-        """A place in line for one ``"insert"`` or ``"sample"`` call: pass it to every
-        attempt (``try_insert``, ``try_sample``), and to ``leave`` when the call ends,
+        """A place in line for one ``"insert"``, ``"sample"`` or ``"reserve"`` call: pass
+        it to every attempt (``try_insert``, ...), and to ``leave`` when the call ends,
         however it ends (``admission.Admission`` does). ``origin``: the client connection,
         whose calls reach the table in the order they are handed to ``expect``."""
-        if op not in self._lines:
-            raise InvalidArgument(f"table {self.name!r}: no line for {op!r} calls")
-        return Turn(op, origin)
+        return self._gate.turn(op, origin)
 
     def expect(self, turn: Turn) -> None:
-        """Register a turn as its first attempt is handed to an engine thread, in the
-        order of its origin's calls (see turns.py). Never takes the table's lock: safe on
-        the server's event loop."""
-        self._lines[turn.op].expect(turn)
+        """Register a turn as its first attempt is handed to an engine thread (gate.py;
+        never takes the table's lock: safe on the server's event loop)."""
+        self._gate.expect(turn)
 
     def in_line(self, op: str) -> int:
         """The ``"insert"`` or ``"sample"`` calls waiting in line (no lock: a glance)."""
-        return len(self._lines[op])
+        return self._gate.waiting(op)[op]
 
     def leave(self, turn: Turn) -> None:
-        """End a call's turn (idempotent; an attempt still running for it then never
-        joins the line); the call behind it, if any, is woken."""
-        with self._cond:
-            if self._lines[turn.op].leave(turn):
-                self._wake()
+        """End a call's turn (idempotent); the call behind it, if any, is woken."""
+        self._gate.leave(turn)
 
     def wait_for_change(self, epoch: int, limit: float | None) -> None:
         """The in-process waiter (admission.py): block this thread until the table has
         changed since ``epoch`` (a ``Wait``'s), or for ``limit`` seconds (None: no limit)."""
-        with self._cond:
-            if self._epoch == epoch:
-                self._cond.wait(limit)
-
-    def _held(self, line: Line, turn: Turn) -> Wait | None:
-        """A ``Wait`` if an earlier call of the turn's connection was handed to an engine
-        thread before it and has not reached the lock yet (lock held): the attempt must
-        not overtake it. The earlier call wakes it as it passes (or leaves)."""
-        held, released = line.reach(turn)
-        if released:
-            self._wake()  # a held call of its connection may go on
-        if held:
-            return Wait(f"an earlier {turn.op} of this connection has not reached the table", self._epoch)
-        return None
-
-    @contextmanager
-    def _admitted(self, line: Line, turn: Turn) -> Iterator[None]:
-        """Leave the line as the call is admitted (lock held). The call's own change
-        notification wakes the next in line; if the call fails instead, wake it here."""
-        head_changed = line.leave(turn)
-        try:
-            yield
-        except BaseException:
-            if head_changed:
-                self._wake()
-            raise
+        self._gate.wait_for_change(epoch, limit)
 
     def check_open(self) -> None:
-        if self._closed:
-            raise Unavailable(f"table {self.name!r} is closed")
+        self._gate.check_open()
 
     def changed(self) -> None:
         """Wake waiters after a change (lock held); write a snapshot when it is due."""
         if self._journal is not None and self._journal.wants_snapshot():
             self._write_snapshot()
-        self._wake()
-
-    def _wake(self) -> None:
-        """Wake every waiter, in-process threads and ``subscribe`` listeners alike."""
-        self._epoch += 1
-        self._cond.notify_all()
-        for listener in self._listeners:
-            listener()
+        self._gate.wake()
 
     # -- for the table's parts (recovery.py, records.py, movement.py) ------------------
 
@@ -977,7 +824,7 @@ class Table:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._gate.closed
 
     @property
     def touches(self) -> int:
@@ -1023,8 +870,8 @@ class Table:
         self._set_priorities(slots[slots >= 0], priorities[slots >= 0])
 
     def settle_groups(self, names: list[str], action: str) -> None:
-        """Time out the forming groups named (replay)."""
-        self._settle(np.array([self._groups.find(g) for g in names], np.int64), action)
+        """Time out the forming groups named (replay; ``GroupTimer.settle_named``)."""
+        self._group_timer.settle_named(names, action)
 
     def move_rows(self, ids: np.ndarray, chunk: int) -> None:
         """Live items ``ids`` now live in ``chunk``, in order (a compaction's replay)."""
@@ -1041,7 +888,9 @@ class Table:
     @property
     def epoch(self) -> int:
         """Changes so far (a ``Wait`` carries it; lock held)."""
-        return self._epoch
+        return self._gate.epoch
+
+    _epoch = epoch  # the insert path's name for it
 
     def read(self, planned: PlannedRows) -> Rows:
         """The rows of a plan, read with no lock held."""
