@@ -12,13 +12,13 @@ read ahead what the cache has room for. Damage met on the way is handed to the t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from . import group_timeouts
-from .errors import DataLoss
+from .errors import DataLoss, InvalidArgument
 from .gather import take_rows
 from .group_timeouts import GroupTimeouts
 from .index import ItemIndex
@@ -100,6 +100,30 @@ class Reader:
         return Rows(data=data, item_ids=planned.item_ids, priorities=planned.priorities,
                     times_sampled=planned.times_sampled, policy_versions=planned.policy_versions,
                     probabilities=planned.probabilities, weights=planned.weights)
+
+    def scan(self, names: list[str], columns: Sequence[str] | None, *, policy_versions: tuple, inserted: tuple
+             ) -> Iterator[pa.RecordBatch]:
+        """``Table.scan``: the live items within the bounds (``(min, max)`` policy version,
+        inclusive; ``(after, before)`` inserted_at, exclusive; None: unbounded), pruned
+        with the index under the lock, then read one chunk at a time without it. A
+        generator: nothing is checked or pinned until the first batch is asked for."""
+        columns = list(names if columns is None else columns)
+        unknown = [c for c in columns if c not in names]
+        if unknown:
+            raise InvalidArgument(f"table {self.table.name!r}: no column {unknown[0]!r} (columns: {', '.join(names)})")
+        (lo_v, hi_v), (after, before) = policy_versions, inserted
+        with self.table.lock:
+            self.table.tick()
+            ix = self.index
+            slots = ix.live_slots()
+            keep = np.ones(len(slots), dtype=bool)
+            pv, at = ix["policy_version"][slots], ix["inserted_at"][slots]
+            for bound, ok in ((lo_v, lambda b: pv >= b), (hi_v, lambda b: pv <= b),
+                              (after, lambda b: at > b), (before, lambda b: at < b)):
+                if bound is not None:
+                    keep &= ok(bound)
+            parts = self.plan_by_chunk(slots[keep])
+        yield from self.read_by_chunk(parts, columns)
 
     def plan_by_chunk(self, slots: np.ndarray) -> list[tuple[PlannedRows, np.ndarray, str]]:
         """Plans for a scan of live items (lock held): one per chunk, in chunk and row

@@ -2,11 +2,14 @@
 
 The table is a composition: ``Parts.build`` (parts.py) hands it its parts from the spec,
 and it owns the lock, admission and the order of each operation (validate, journal,
-apply, read). Beside it: intake.py checks what a call brings, reads.py plans and
-reads rows, stats.py gathers the stats, streams.py serves consumer groups, movement.py moves chunks between tiers,
-records.py types the journal's records and recovery.py rebuilds the table from them.
+apply, read). Beside it: gate.py holds the lock, the change notifications and the lines
+of blocked calls, intake.py checks what a call brings, reads.py plans and reads rows (and
+scans), stats.py gathers the stats, streams.py serves consumer groups, reservations.py
+paced admission, group_timeouts.py fires group timeouts, quarantine.py takes damaged
+items out, movement.py moves chunks between tiers, records.py types the journal's records
+and recovery.py rebuilds the table from them.
 
-Concurrency model: one ``threading.Condition`` per table guards all of its state. Every
+Concurrency model: one ``threading.Condition`` per table (``Gate.lock``) guards all of its state. Every
 public method takes it for a short, non-blocking critical section of numpy work; payload
 rows are gathered from the (immutable) chunk batches *after* releasing it, and validation
 of inserted data happens *before* taking it. Calls that may wait are attempts that never
@@ -602,23 +605,8 @@ class Table:
         ``times_sampled``, ``inserted_at`` (Unix seconds) and ``tier``. Items are pruned
         with the index before any payload is read; the chunks are pinned at the start
         (a consistent set of items) and read one at a time, so memory holds one chunk."""
-        names = list(self.schema.names if columns is None else columns)
-        unknown = [c for c in names if c not in self.schema.names]
-        if unknown:
-            raise InvalidArgument(f"table {self.name!r}: no column {unknown[0]!r} "
-                                  f"(columns: {', '.join(self.schema.names)})")
-        with self._cond:
-            self._tick()
-            ix = self._index
-            slots = ix.live_slots()
-            keep = np.ones(len(slots), dtype=bool)
-            pv, at = ix["policy_version"][slots], ix["inserted_at"][slots]
-            for bound, ok in ((min_policy_version, lambda b: pv >= b), (max_policy_version, lambda b: pv <= b),
-                              (inserted_after, lambda b: at > b), (inserted_before, lambda b: at < b)):
-                if bound is not None:
-                    keep &= ok(bound)
-            parts = self._reader.plan_by_chunk(slots[keep])
-        yield from self._reader.read_by_chunk(parts, names)
+        return self._reader.scan(self.schema.names, columns, policy_versions=(min_policy_version, max_policy_version),
+                                 inserted=(inserted_after, inserted_before))
 
     def scan_archive(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader | None:
         """The archived (removed) items (``Mover.scan_archive``); None without an archive."""
