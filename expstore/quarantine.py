@@ -8,6 +8,7 @@ the chunk, the tier it was read from, why, and the ids of the items it took. The
 journals every event and snapshots the registry, so quarantined items stay quarantined
 after a restart: never served, never silently gone from the counts. A damaged archive
 fragment is an event without items (its rows had already left the table).
+``Quarantine`` is the registry; ``Quarantiner`` does the moving for a table.
 
 Not thread-safe: the table holds its lock.
 """
