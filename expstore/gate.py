@@ -114,5 +114,5 @@ class Gate:
             line.closed = True
 
     def waiting(self, *ops: str) -> dict[str, int]:
-        """How many calls wait in each line named (for stats)."""
+        """How many calls wait in each line named (stats; ``Table.in_line``: a glance, no lock)."""
         return {op: len(self.lines[op]) for op in ops}
