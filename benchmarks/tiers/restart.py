@@ -69,7 +69,7 @@ def bench_restart(tmp: Path, quick: bool) -> dict:
     dirs = {case: tmp / f"restart-{'snap' if snapshots else 'nosnap'}" for case, snapshots in cases}
     builders = {case: subprocess.Popen([sys.executable, "-m", "benchmarks.tiers", "--build-restart", str(dirs[case]),
                                         str(items), "1" if snapshots else "0"], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+                                       stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
                 for case, snapshots in cases}  # both at once (2 cores): the builds are not what is measured
     built = {}
     for case, proc in builders.items():
