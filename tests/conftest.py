@@ -98,6 +98,15 @@ def table_name(request):
 
 
 @pytest.fixture
+def drop(client):
+    """Tables to drop when the test ends: ``drop(name)`` after creating one."""
+    names = []
+    yield names.append
+    for name in names:
+        client.drop_table(name)
+
+
+@pytest.fixture
 def small_disk(tmp_path):
     """``small_disk(mib)``: a directory on a tmpfs of that size (a real filesystem that
     fills up: ENOSPC, statvfs), unmounted after the test. Needs root (mount); skips

@@ -13,14 +13,6 @@ import pytest
 from ._util import rpc_error, trajectories
 
 
-@pytest.fixture
-def drop(client):
-    names = []
-    yield names.append
-    for name in names:
-        client.drop_table(name)
-
-
 def test_the_config_round_trips_and_reaches_the_engine(client, table_name, drop):
     info = client.create_table(
         table_name, sampler={"type": "group", "group_size": 2, "task_quotas": {"math": {"min": 0.5, "max": 1.0}}},

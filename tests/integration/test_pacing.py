@@ -26,14 +26,6 @@ def rows(n: int, reservation: int | None, *, prefix: str, version: int = 0, task
     return t if reservation is None else t.append_column("reservation_id", pa.array([reservation] * n, pa.uint64()))
 
 
-@pytest.fixture
-def drop(client):
-    names = []
-    yield names.append
-    for name in names:
-        client.drop_table(name)
-
-
 def test_reserve_release_and_their_statuses(client, table_name, drop):
     info = client.create_table(table_name, sampler="fifo", max_times_sampled=1, max_staleness=1,
                                pacing={"rollouts_per_version": 2, "lease_s": 60.0})

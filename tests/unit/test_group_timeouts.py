@@ -21,18 +21,9 @@ from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 
+from _clock import T0, Wall
+
 pytestmark = pytest.mark.timeout(60)
-T0 = 1_000_000.0
-
-
-class Wall:
-    """An injected wall clock (seconds)."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def spec(action: str = "release", timeout: float = 10.0, size: int = 4, **kw) -> TableSpec:

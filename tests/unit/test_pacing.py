@@ -21,16 +21,9 @@ from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.table import Table
 
+from _clock import T0, Wall
+
 pytestmark = pytest.mark.timeout(120)
-T0 = 1_000_000.0
-
-
-class Wall:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def paced(per_version: int = 4, staleness: int = 1, lease_s: float = 100.0, **kw) -> TableSpec:

@@ -17,16 +17,9 @@ from expstore.synthetic import trajectories
 from expstore.table import Table
 from expstore.tiers.remote import RemoteTier
 
+from _clock import T0, Wall
+
 pytestmark = pytest.mark.timeout(120)
-T0 = 1_000_000.0
-
-
-class Wall:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def batch(prefix: str, n: int = 4) -> pa.Table:
