@@ -17,7 +17,6 @@ Run the server alone with ``python -m benchmarks.raw_flight --serve``.
 from __future__ import annotations
 
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -72,21 +71,6 @@ class RawFlightClient:
 
     def close(self) -> None:
         self._client.close()
-
-
-def rate(call, arg, rows: int, batch_bytes: int, seconds: float, min_calls: int) -> dict:
-    """Repeat ``call(arg)`` (one batch of ``rows``) for ``seconds`` and at least ``min_calls`` times."""
-    call(arg)  # warm-up
-    times = []
-    start = time.perf_counter()
-    while len(times) < min_calls or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        moved = call(arg)
-        times.append(time.perf_counter() - t0)
-        assert moved == rows, (moved, rows)
-    total = sum(times)
-    return {"calls": len(times), "batches_per_s": len(times) / total, "items_per_s": rows * len(times) / total,
-            "MB_per_s": batch_bytes * len(times) / total / 1e6}
 
 
 if __name__ == "__main__":

@@ -82,19 +82,23 @@ class RawClient:
         self._channel.close()
 
 
-def rate(call, arg, batch_bytes: int, seconds: float, min_calls: int) -> dict:
-    """Repeat ``call(arg)`` (one batch) for ``seconds`` and at least ``min_calls`` times."""
+def rate(call, arg, batch_bytes: int, seconds: float, min_calls: int, *, rows: int | None = None) -> dict:
+    """Repeat ``call(arg)`` (one batch) for ``seconds`` and at least ``min_calls`` times.
+    ``call`` returns what it moved: the batch's bytes, or its ``rows`` where given (Flight)."""
     call(arg)  # warm-up
+    expected = batch_bytes if rows is None else rows
     times = []
     start = time.perf_counter()
     while len(times) < min_calls or time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
         moved = call(arg)
         times.append(time.perf_counter() - t0)
-        assert moved == batch_bytes, (moved, batch_bytes)
+        assert moved == expected, (moved, expected)
     total = sum(times)
-    return {"calls": len(times), "batches_per_s": len(times) / total,
-            "MB_per_s": batch_bytes * len(times) / total / 1e6}
+    out = {"calls": len(times), "batches_per_s": len(times) / total, "MB_per_s": batch_bytes * len(times) / total / 1e6}
+    if rows is not None:
+        out["items_per_s"] = rows * len(times) / total
+    return out
 
 
 def measure(client: RawClient, sizes: list[int], seconds: float, min_calls: int = 5) -> dict:

@@ -172,7 +172,7 @@ def run(quick: bool) -> dict:
             raw_fl.keep(label, data)
             for r in range(rounds):
                 per["raw_upload"].append(raw_grpc.rate(raw.upload, up_msgs, sum(up), seconds, 5))
-                per["raw_flight_put"].append(raw_flight.rate(raw_fl.upload, data, BATCH, sum(up), seconds, 5))
+                per["raw_flight_put"].append(raw_grpc.rate(raw_fl.upload, data, sum(up), seconds, 5, rows=BATCH))
                 for path, client in clients.items():
                     op = "insert" if path == "grpc" else "insert flight"
                     per.setdefault(op, []).append(insert_rate(client, table, data, sum(up), seconds,
@@ -180,7 +180,7 @@ def run(quick: bool) -> dict:
                 per.setdefault("insert x2", []).append(
                     insert_rate_pipelined(clients["grpc"], table, data, sum(up), seconds, f"{label}-{r}"))
                 per["raw_download"].append(raw_grpc.rate(raw.download, down, sum(down), seconds, 5))
-                per["raw_flight_get"].append(raw_flight.rate(raw_fl.download, label, BATCH, sum(down), seconds, 5))
+                per["raw_flight_get"].append(raw_grpc.rate(raw_fl.download, label, sum(down), seconds, 5, rows=BATCH))
                 min_calls = math.ceil(latency_calls / rounds) if label == "36KiB" else 5
                 for path, client in clients.items():
                     op = "sample" if path == "grpc" else "sample flight"
