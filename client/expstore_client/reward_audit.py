@@ -4,7 +4,7 @@ The one selection behind ``expstore audit``, the console's audits and
 ``ShardedClient.audit``: count the rows (for the progress bar), stream ``SELECT *`` with
 the condition, and score them with ``expstore.audit`` in worker processes of the caller
 (reward functions never run in the server). "Audit" here is reward recomputation, not
-the server's security audit log (``expstore_server.audit``).
+the server's security audit log (``expstore_server.security_log``).
 
 ``query`` is any ``(sql, timeout) -> RecordBatchReader`` that returns all rows (a
 ``Client``, a ``ShardedClient``, or the CLI's offline backends). Rows from shards carry

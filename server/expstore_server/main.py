@@ -34,7 +34,7 @@ from expstore.catalog import Catalog
 from expstore.tiers.remote import SealedObjects, RemoteTier, fsspec_filesystem, lance_storage_options
 
 from . import config as config_mod
-from .audit import AuditLog
+from .security_log import SecurityLog
 from .flight import FlightService
 from .auth import Authenticator
 from .clip import LOG_CHARS, clip
@@ -142,7 +142,7 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
     store, checkpointer = open_store(cfg, restore_checkpoint)
     store.start_mover(cfg.demote_interval_s)
-    audit = AuditLog(cfg.audit_path, max_bytes=cfg.audit_log_max_bytes, backups=cfg.audit_log_backups)
+    audit = SecurityLog(cfg.audit_path, max_bytes=cfg.audit_log_max_bytes, backups=cfg.audit_log_backups)
     metrics = ServerMetrics(store)
     servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit, checkpointer, metrics)
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),

@@ -39,7 +39,7 @@ from expstore.turns import Turn
 
 from . import convert
 from .arrivals import Arrival, Arrivals
-from .audit import AuditLog
+from .security_log import SecurityLog
 from .auth import ANY_ROLE, Authenticator
 from .clip import MESSAGE_CHARS, clip
 from .coalesce import InsertCoalescer, Pending
@@ -191,7 +191,7 @@ class _ChangeSignal:
 
 class Servicer:
     def __init__(self, store: Catalog, config: ServerConfig, auth: Authenticator,
-                 audit: AuditLog | None, checkpoints=None, metrics: ServerMetrics | None = None) -> None:
+                 audit: SecurityLog | None, checkpoints=None, metrics: ServerMetrics | None = None) -> None:
         self.store = store
         self.metrics = metrics if metrics is not None else ServerMetrics(store)
         self.checkpoints = checkpoints

@@ -1,14 +1,14 @@
-"""expstore_server.audit: the audit log's lines are bounded, and so are its files."""
+"""expstore_server.security_log: the audit log's lines are bounded, and so are its files."""
 
 from __future__ import annotations
 
 import json
 
-from expstore_server.audit import AuditLog
+from expstore_server.security_log import SecurityLog
 
 
 def test_a_burst_of_lines_rotates_within_max_bytes_and_keeps_the_newest_in_order(tmp_path):
-    log = AuditLog(tmp_path / "audit.jsonl", max_bytes=4096, backups=3)
+    log = SecurityLog(tmp_path / "audit.jsonl", max_bytes=4096, backups=3)
     for i in range(2000):  # queued faster than they are written: bursts of many lines
         log.record(who="w", method="Insert", table=f"t{i:05d}" + "x" * 1000, outcome="OK", detail="d" * 10_000)
     log.close()

@@ -1,4 +1,4 @@
-"""Audit log: one JSON line per admin or mutating call (who, what, which table, when, outcome).
+"""The security audit log: one JSON line per admin or mutating call (who, what, which table, when, outcome).
 
 Tokens are never written, only the name of the token that authenticated the call. The
 event loop only enqueues a line; a writer thread appends whatever is queued and flushes
@@ -28,7 +28,7 @@ _STOP = None
 _BURST_BYTES = 1 << 20  # lines written (and flushed) together at most (and at most max_bytes)
 
 
-class AuditLog:
+class SecurityLog:
     def __init__(self, path: Path, *, max_bytes: int = 64 << 20, backups: int = 4) -> None:
         """``max_bytes``: the size at which the file rotates (0: never); ``backups``:
         rotated files kept (>= 1)."""
