@@ -111,8 +111,6 @@ class Table:
         self._wall_clock = wall_clock
         self._rng = np.random.default_rng(seed)
         self._gate = gate = Gate(spec.name)  # the lock, change notifications, lines of blocked calls
-        self._cond, self._lines = gate.lock, gate.lines  # the insert path's names for them
-        self._held, self._admitted = gate.held, gate.admitted
 
         self.storage = storage if spec.tiers != "memory" else None
         self.replaying = False  # replaying the journal: journal off, chunks adopted after
@@ -166,13 +164,13 @@ class Table:
         looked up under the lock, the stored ones read and compared outside it."""
         groups = whole.column("group_id").to_pylist() if "group_prefix" in self._checks.names \
             else [None] * whole.num_rows
-        with self._cond:
+        with self.lock:
             refs = self._lineage.references(episodes, groups, self._live)
         stored, stored_ids = None, np.zeros(0, np.uint64)
         if refs.ids:
             ids = np.array(refs.ids, np.uint64)
             try:
-                with self._cond:
+                with self.lock:
                     slots = self._index.lookup(ids)
                     stored_ids = ids[slots >= 0]
                     snap = self.plan_read(slots[slots >= 0])
@@ -181,7 +179,7 @@ class Table:
             except ExpstoreError as e:  # a tier down, damage: compare within the insert only
                 log.warning("table %r: ingest checks compare within the insert only: %s", self.name, e)
                 stored, stored_ids = None, np.zeros(0, np.uint64)
-                with self._cond:
+                with self.lock:
                     self.counters["ingest_unchecked"] += whole.num_rows
         self._checks.check_lineage(whole, episodes, refs, stored, stored_ids.tolist())
         return refs
@@ -216,12 +214,12 @@ class Table:
         while the rate limiter or earlier inserts in line hold it back. ``turn``
         (``Table.turn("insert")``) is the call's place in line, the same for all its
         attempts. Rows that are all duplicates complete the call without waiting."""
-        with self._cond:
-            line = self._lines["insert"]
-            if (held := self._held(line, turn)) is not None:
+        with self.lock:
+            line = self._gate.lines["insert"]
+            if (held := self._gate.held(line, turn)) is not None:
                 return held
             self.check_open()
-            self._tick()
+            self.tick()
             ids, new = self._dedup(prep.keys, prep.num_rows)
             n_new = int(new.sum())
             if n_new == 0:
@@ -233,10 +231,10 @@ class Table:
             self._limiter.check_insert_batch(n_new)
             if not line.first(turn):
                 return Wait(f"{line.ahead_of(turn)} earlier inserts are waiting (first come, first served)",
-                            self._epoch)
+                            self.epoch)
             if not self._limiter.can_insert(n_new):
-                return Wait(f"rate limiter: {n_new} inserts must wait for samples", self._epoch)
-            with self._admitted(line, turn):
+                return Wait(f"rate limiter: {n_new} inserts must wait for samples", self.epoch)
+            with self._gate.admitted(line, turn):
                 result = self._apply_insert(prep, ids, new, prep.durability)
             prep.staged.clear()
         if prep.durability == "fsync":
@@ -246,7 +244,7 @@ class Table:
     def abandon_insert(self, prep: PreparedInsert) -> None:
         """Free the chunks of an insert that will not be committed."""
         if prep.staged:
-            with self._cond:
+            with self.lock:
                 self._chunks.placement.delete([s.chunk_id for s in prep.staged])
                 prep.staged.clear()
 
@@ -370,12 +368,12 @@ class Table:
             raise InvalidArgument(f"table {self.name!r}: batch_size must be >= 1, got {n}")
         self._intake.sample_size(n, self._sampler.unit)
         kw = self._intake.version_ranges(data_versions)
-        with self._cond:
-            line = self._lines["sample"]
-            if (held := self._held(line, turn)) is not None:
+        with self.lock:
+            line = self._gate.lines["sample"]
+            if (held := self._gate.held(line, turn)) is not None:
                 return held
             self.check_open()
-            self._tick()
+            self.tick()
             self._limiter.check_sample_batch(n)  # re-checked: other calls move the limit
             if (ahead := self._gate.ahead(line, turn)) is not None:
                 return ahead
@@ -387,7 +385,7 @@ class Table:
                 detail = self._sampler.explain(n, **kw)
                 return Wait(why + (f": {detail}" if detail else ""), self.epoch,
                             retry_after=self._group_timer.retry_after())
-            with self._admitted(line, turn):
+            with self._gate.admitted(line, turn):
                 rows = self._sample_now(n, step, kw)
         return self._gather(rows)
 
@@ -437,8 +435,6 @@ class Table:
                 self.changed()
         self._group_timer.tick()
 
-    _tick = tick  # the insert path's name for it
-
     # -- paced admission (reservations.py) ---------------------------------------------
 
     def reserve(self, n: int, timeout: float | None = None, lease_s: float | None = None) -> Reservation:
@@ -481,7 +477,7 @@ class Table:
         sampled still updates the items that remain when some have been removed since."""
         ids = self._intake.item_ids(item_ids)
         pr = self._intake.priorities(priorities, len(ids), required=True)
-        with self._cond:
+        with self.lock:
             slots = self._index.lookup(ids)
             unknown = ids[slots < 0]
             _, first = np.unique(unknown, return_index=True)
@@ -512,7 +508,7 @@ class Table:
         fell behind it. Versions never decrease. Returns the number removed."""
         if version < 0:
             raise InvalidArgument(f"table {self.name!r}: policy version must be >= 0, got {version}")
-        with self._cond:
+        with self.lock:
             if version < self.policy_version:
                 raise FailedPrecondition(f"table {self.name!r}: policy version must not decrease "
                                          f"(current {self.policy_version}, got {version})")
@@ -592,8 +588,8 @@ class Table:
     def get(self, item_ids) -> Rows:
         """Items by id, in the given order. NOT_FOUND names the first unknown id."""
         ids = self._intake.item_ids(item_ids)
-        with self._cond:
-            self._tick()
+        with self.lock:
+            self.tick()
             rows = self.plan_read(self._lookup(ids))
         return self._gather(rows)
 
@@ -615,7 +611,7 @@ class Table:
     def scan_quarantined(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader:
         """The quarantined items for queries: ``_item_id`` and the payload ``columns``
         (None: all), which are null (their stored bytes are damaged)."""
-        with self._cond:
+        with self.lock:
             ids = self._quarantine.ids()
         fields = [self.schema.field(c) for c in (self.schema.names if columns is None else columns)]
         return Quarantine.as_rows(ids, fields)
@@ -636,8 +632,8 @@ class Table:
 
     def stats(self) -> dict[str, float]:
         """Flat counters (documented in docs/stats.md)."""
-        with self._cond:
-            self._tick()
+        with self.lock:
+            self.tick()
             return table_stats(self._parts, self.counters, self._staleness, self.policy_version,
                                self._gate.waiting("insert", "sample"))
 
@@ -646,7 +642,7 @@ class Table:
     def record_wait(self, op: str, seconds: float | None = None) -> None:
         """Count a call's wait (``admission.Admission`` does, for every waiter): once
         as it begins (no seconds), then with the time it took."""
-        with self._cond:
+        with self.lock:
             if seconds is None:
                 self.counters[f"{op}_waits"] += 1
             else:
@@ -659,7 +655,7 @@ class Table:
 
     def close(self) -> None:
         """Wake every waiter with UNAVAILABLE; later calls fail the same way."""
-        with self._cond:
+        with self.lock:
             self._gate.close()
             self.changed()
         self._mover.close()  # the read-ahead thread, the remote tiers' reader threads
@@ -808,7 +804,7 @@ class Table:
     @property
     def lock(self) -> threading.Condition:
         """The table's one lock (see the module docstring)."""
-        return self._cond
+        return self._gate.lock
 
     @property
     def closed(self) -> bool:
@@ -878,8 +874,6 @@ class Table:
         """Changes so far (a ``Wait`` carries it; lock held)."""
         return self._gate.epoch
 
-    _epoch = epoch  # the insert path's name for it
-
     def read(self, planned: PlannedRows) -> Rows:
         """The rows of a plan, read with no lock held."""
         return self._gather(planned)
@@ -893,7 +887,7 @@ class Table:
 
     def restore(self) -> dict[str, int]:
         """Rebuild a durable table from its journal after a restart (recovery.py)."""
-        with self._cond:
+        with self.lock:
             return recovery.restore(self)
 
 

@@ -68,7 +68,7 @@ def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_the
         a.sample(len(healthy) + 1, timeout=0)
     assert rows(b.get(b_ids).data) == b_expected  # the other table never noticed
     b.insert(trajectories(5, tokens=64, id_prefix="b2"))
-    with a._cond:
+    with a.lock:
         a._write_snapshot()  # the quarantine is in the snapshot too, not only in the journal
     store.close()
 
@@ -150,7 +150,7 @@ def test_a_damaged_journal_or_snapshot_leaves_its_table_closed_and_the_others_se
     b_ids = b.insert(trajectories(10, tokens=64, id_prefix="b")).item_ids
     if what == "snapshot":  # (b's too: a lookup of b's absent snapshot would land in a's block)
         for t in (a, b):
-            with t._cond:
+            with t.lock:
                 t._write_snapshot()
     b_rows = rows(b.get(b_ids).data)
     if what == "journal":
@@ -187,7 +187,7 @@ def test_damaged_table_records_leave_those_tables_closed_and_the_server_up(tmp_p
     a = store.create_table(TableSpec("a"))
     store.create_table(TableSpec("b"))
     a.insert(trajectories(200, tokens=8, id_prefix="a"))
-    with a._cond:
+    with a.lock:
         a._write_snapshot()  # a large value between the next table id and the table records
     value = store.db.get("meta", [b"table/a"])[0]
     flush(store.db)
