@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 _ROWS = ("chunk", "row", "priority", "policy_version", "inserted_at", "group_size", "reward")
 
 
+def _slots(table: "Table", ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, live): the index slots of ``ids`` (-1 where none) and which are live; an
+    item a record names may have left since (replay applies what is still there)."""
+    slots = table.parts.index.lookup(ids)
+    return slots, slots >= 0
+
+
+def _remove(table: "Table", ids: np.ndarray, reason: str) -> None:
+    """Remove the live items among ``ids``."""
+    slots, live = _slots(table, ids)
+    table.remove_slots(slots[live], reason)
+
+
 class Record:
     """One journal record. ``kind`` names it on disk; fields listed in ``optional`` are
     left out of the record when None (older records lack them)."""
@@ -87,7 +100,7 @@ class Inserted(Record):
         return rows
 
     def replay(self, table: "Table") -> None:
-        table.remove_ids(self.victims, "max_size")
+        _remove(table, self.victims, "max_size")
         table.add_items(self.ids, self.index_rows(), self.groups, self.tasks, self.keys, self.stored)
         if self.reservations is not None:
             table.parts.pacing.settle(self.reservations)
@@ -101,7 +114,7 @@ class Removed(Record):
     reason: str
 
     def replay(self, table: "Table") -> None:
-        table.remove_ids(self.ids, self.reason)
+        _remove(table, self.ids, self.reason)
 
 
 @dataclass(frozen=True)
@@ -113,7 +126,9 @@ class Sampled(Record):
     n: int
 
     def replay(self, table: "Table") -> None:
-        table.count_sampled(self.ids, int(self.n))
+        slots, live = _slots(table, self.ids)
+        np.add.at(table.parts.index["times_sampled"], slots[live], 1)
+        table.count_samples(int(self.n))
 
 
 @dataclass(frozen=True)
@@ -123,7 +138,8 @@ class PrioritySet(Record):
     priorities: np.ndarray
 
     def replay(self, table: "Table") -> None:
-        table.set_priorities_of(self.ids, self.priorities)
+        slots, live = _slots(table, self.ids)
+        table.set_priorities(slots[live], self.priorities[live])
 
 
 @dataclass(frozen=True)
@@ -154,7 +170,11 @@ class Compacted(Record):
     chunk: int
 
     def replay(self, table: "Table") -> None:
-        table.move_rows(self.ids, int(self.chunk))
+        ix = table.parts.index
+        slots, live = _slots(table, self.ids)
+        ix["chunk"][slots[live]] = int(self.chunk)
+        ix["row"][slots[live]] = np.flatnonzero(live)
+        table.parts.placement.replay_written([int(self.chunk)], "wal")
 
 
 @dataclass(frozen=True)
@@ -236,7 +256,7 @@ class Quarantined(Record):
         table.parts.quarantine.add(quarantine.Event(int(self.chunk), self.tier, self.reason), self.ids)
         if table.parts.archive is not None:  # removed items' rows it will not archive
             table.parts.archive.drop_ids(int(self.chunk), self.ids)
-        table.remove_ids(self.ids, "quarantined")
+        _remove(table, self.ids, "quarantined")
 
 
 # -- consumer groups (streams.py) -----------------------------------------------------

@@ -52,7 +52,7 @@ import pyarrow as pa
 from . import ingest_checks, recovery
 from . import schema as protocol
 from .admission import Admission, Wait
-from .errors import DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from .errors import DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound
 from .intake import Intake, PreparedInsert
 from .ingest_checks import References
 from .movement import Mover
@@ -62,8 +62,9 @@ from .gate import Gate
 from .group_timeouts import GroupTimer
 from .quarantine import Quarantine, Quarantiner
 from .reads import PlannedRows, Reader, Rows
+from .removals import Removals
 from .pacing import Reservation
-from .records import Inserted, PrioritySet, Record, Removed, Sampled, VersionSet
+from .records import Inserted, PrioritySet, Record, Sampled, VersionSet
 from .reservations import Reservations
 from .samplers.base import Codebook, Items
 from .samplers.capped import sample_capped
@@ -132,9 +133,7 @@ class Table:
         self._reservations = Reservations(self, gate, parts.pacing, clock)
         self._group_timer = GroupTimer(self, parts, spec.group_timeout_action, self.counters)
         self._quarantiner = Quarantiner(self, parts.index, parts.chunks.placement, parts.quarantine)
-
-        # Samples the live items may still take under max_times_sampled (sum of allowances).
-        self._allowance = 0
+        self._removals = Removals(self, parts, self._mover, self._rng, self.counters)
         self._touches = 0  # inserts and priority updates so far: the index's "touched" column
         self.policy_version = 0
         self._staleness = Staleness(self.counters)  # of the items sample and stream return
@@ -267,9 +266,9 @@ class Table:
         nbytes = sum(s.batch.get_total_buffer_size() for _, _, s in chunks)
         # Chosen before the new rows enter: the remover never evicts a row of this insert
         # (Reverb's code inserts first, then removes; its docs say what we do).
-        victims = self._victims(len(self._index) + n_store - self.spec.max_size)
+        victims = self._removals.victims(len(self._index) + n_store - self.spec.max_size)
         if self._journal is None:
-            self._check_budget(nbytes, victims)
+            self._removals.check_budget(nbytes, victims)
         chunk_of_row, row_in_chunk = _rows_in_chunks(chunks, store)
         # Index every new row; stale ones are removed again at once (ids stay unique).
         new_rows = np.flatnonzero(new)
@@ -326,7 +325,7 @@ class Table:
         items = self.items(slots[stored])
         self._sampler.insert(items)
         self._remover.insert(items)
-        self._allowance += self.spec.max_times_sampled * len(items)
+        self._removals.added(len(items))
         # Rows too stale to store never count for the rate limiter: counted as inserts no
         # sample could ever match, they would hold producers back while the sampler starves.
         self._limiter.insert(int(stored.sum()))
@@ -334,8 +333,8 @@ class Table:
             self._timeouts.arrived(self._index["group"][slots[stored]], rows["inserted_at"][stored])
         if not stored.all():  # never in a tier or a selector
             late = np.zeros(n, bool) if late is None else late
-            self._forget(slots[~stored & ~late], "stale", limited=False)
-            self._forget(slots[late], "group_late", limited=False)
+            self._removals.forget(slots[~stored & ~late], "stale", limited=False)
+            self._removals.forget(slots[late], "group_late", limited=False)
         self.remove_slots(self._sampler.rejected(), "zero_variance", log=False)  # replay redoes it
         self.counters["inserts"] += n
 
@@ -380,7 +379,7 @@ class Table:
             if not self._limiter.can_sample(n):
                 return Wait(f"rate limiter: {n} samples must wait for inserts ({len(self._index)} items)",
                             self.epoch)
-            if not (self._sampler.can_sample(n, **kw) and (not self.spec.max_times_sampled or self._allowance >= n)):
+            if not (self._sampler.can_sample(n, **kw) and self._removals.can_sample(n)):
                 why = f"the {self.spec.sampler.type} sampler cannot serve {n} items yet ({len(self._sampler)} eligible)"
                 detail = self._sampler.explain(n, **kw)
                 return Wait(why + (f": {detail}" if detail else ""), self.epoch,
@@ -408,7 +407,7 @@ class Table:
             order = np.lexsort((self._index["row"][slots], self._index["chunk"][slots]))
             slots, probabilities, weights = slots[order], probabilities[order], weights[order]
         self.journal(Sampled(ids=self._index["id"][slots], n=len(slots)))
-        self._sampled(len(slots))  # fewer than n: groups released partial
+        self.count_samples(len(slots))  # fewer than n: groups released partial
         self.record_staleness("sample", slots)
         if step is not None:
             self._streams.record_manifest(step, slots)
@@ -460,9 +459,10 @@ class Table:
         self._touches += n
         return out
 
-    def _sampled(self, n: int) -> None:
-        if self.spec.max_times_sampled:
-            self._allowance -= n
+    def count_samples(self, n: int) -> None:
+        """A sample returned n rows (a live one, or its replay): the allowance under
+        max_times_sampled, the rate limiter and the stats count them."""
+        self._removals.sampled(n)
         self._limiter.sample(n)
         self.counters["samples"] += n
 
@@ -490,13 +490,13 @@ class Table:
             slots, pr = slots[at], pr[at]
             if len(slots):
                 self.journal(PrioritySet(ids=self._index["id"][slots], priorities=pr))
-                self._set_priorities(slots, pr)
+                self.set_priorities(slots, pr)
                 self.changed()
             return PriorityUpdate(len(slots), unknown)
 
-    def _set_priorities(self, slots: np.ndarray, pr: np.ndarray) -> None:
-        """Set priorities (distinct slots), in the order given: heap ties go to the least
-        recently touched item."""
+    def set_priorities(self, slots: np.ndarray, pr: np.ndarray) -> None:
+        """Set priorities (distinct slots; lock held; ``update_priorities`` and its
+        replay), in the order given: heap ties go to the least recently touched item."""
         self._index["priority"][slots] = pr
         self._index["touched"][slots] = self._touch(len(slots))
         self._sampler.update(slots, pr)
@@ -690,64 +690,9 @@ class Table:
                            f"({int((slots < 0).sum())} of {len(ids)} ids unknown or removed)")
         return slots
 
-    def _victims(self, k: int) -> np.ndarray:
-        if k <= 0:
-            return np.zeros(0, dtype=np.int64)
-        return self._remover.sample(k, self._rng).slots
-
-    def _check_budget(self, nbytes: int, victims: np.ndarray) -> None:
-        """RESOURCE_EXHAUSTED unless ``nbytes`` more fit, counting what the victims free."""
-        if nbytes == 0:
-            return
-        freed = 0
-        if len(victims):
-            chunks, counts = np.unique(self._index["chunk"][victims], return_counts=True)
-            freed = self._chunks.freed_by(chunks.tolist(), counts.tolist())
-        tier = self._chunks.placement.memory
-        if tier.nbytes - freed + nbytes > tier.budget:
-            raise ResourceExhausted(
-                f"table {self.name!r}: the memory tier is full ({tier.nbytes} of "
-                f"{tier.budget} bytes; this insert needs {nbytes}); raise memory_bytes "
-                f"or lower max_size, or use a durable table (tiers = \"ssd\")")
-
     def remove_slots(self, slots: np.ndarray, reason: str, *, in_sampler: bool = True, log: bool = True) -> None:
-        """Remove live items from selectors, tiers and the index (``in_sampler=False``:
-        the sampler has already let them go; ``log=False``: the journal record that
-        caused it implies the removal)."""
-        if len(slots) == 0:
-            return
-        if log:
-            self.journal(Removed(ids=self._index["id"][slots], reason=reason))
-        if in_sampler:
-            self._sampler.remove(slots)
-        self._remover.remove(slots)
-        if self.spec.max_times_sampled:
-            self._allowance -= int((self.spec.max_times_sampled - self._index["times_sampled"][slots]).sum())
-        if self._archive is not None and reason not in ("lost", "quarantined"):
-            ix = self._index
-            self._archive.removed(ix["chunk"][slots], ix["row"][slots], ix["id"][slots], reason)
-            if self._retention is not None:  # the total window counts from the rows' inserted_at
-                self._retention.removed(ix["chunk"][slots], ix["inserted_at"][slots])
-        if not self.replaying:  # a restore adopts the chunks once replay is done
-            chunks, counts = np.unique(self._index["chunk"][slots], return_counts=True)
-            self._free(self._chunks.release(chunks.tolist(), counts.tolist()))
-        self._forget(slots, reason)
-        self._mover.compact()
-
-    def _free(self, chunks: list[int]) -> None:
-        """Delete chunks no live item references, or queue them for the archive."""
-        if self._archive is not None:
-            chunks = self._archive.freed(chunks)
-        self._chunks.placement.delete(chunks)
-
-    def _forget(self, slots: np.ndarray, reason: str, *, limited: bool = True) -> None:
-        """Drop items from the index and the key map (remembering keys for dedup)."""
-        if limited:
-            self._limiter.delete(len(slots))
-        if self._keys is not None:
-            self._keys.remove(slots, self._index["id"][slots], remember=reason != "quarantined")
-        self._index.remove(slots)
-        self.counters[f"removed_{reason}"] += len(slots)
+        """Remove live items (lock held; ``Removals.remove``, which says what the flags mean)."""
+        self._removals.remove(slots, reason, in_sampler=in_sampler, log=log)
 
     def _dedup(self, keys: list[str] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, new): the stored id of rows whose key is known; new marks the others."""
@@ -817,7 +762,8 @@ class Table:
 
     def restore_counts(self, *, touches: int, allowance: int) -> None:
         """Set the counters a snapshot holds (recovery)."""
-        self._touches, self._allowance = touches, allowance
+        self._touches = touches
+        self._removals.allowance = allowance
 
     def items(self, slots: np.ndarray) -> Items:
         """The selectors' view of items (their index columns)."""
@@ -837,33 +783,9 @@ class Table:
         self._journal.drop()
         RemoteChecksums(self.storage.db, self.storage.table_id).drop()  # of every kind
 
-    def remove_ids(self, ids: np.ndarray, reason: str) -> None:
-        """Remove the live items among ``ids`` (replay)."""
-        slots = self._index.lookup(ids)
-        self.remove_slots(slots[slots >= 0], reason)
-
-    def count_sampled(self, ids: np.ndarray, n: int) -> None:
-        """A sample of ``ids`` returned n rows (replay)."""
-        slots = self._index.lookup(ids)
-        np.add.at(self._index["times_sampled"], slots[slots >= 0], 1)
-        self._sampled(n)
-
-    def set_priorities_of(self, ids: np.ndarray, priorities: np.ndarray) -> None:
-        """Set the priorities of the live items among ``ids`` (replay)."""
-        slots = self._index.lookup(ids)
-        self._set_priorities(slots[slots >= 0], priorities[slots >= 0])
-
     def settle_groups(self, names: list[str], action: str) -> None:
         """Time out the forming groups named (replay; ``GroupTimer.settle_named``)."""
         self._group_timer.settle_named(names, action)
-
-    def move_rows(self, ids: np.ndarray, chunk: int) -> None:
-        """Live items ``ids`` now live in ``chunk``, in order (a compaction's replay)."""
-        slots = self._index.lookup(ids)
-        ok = slots >= 0
-        self._index["chunk"][slots[ok]] = chunk
-        self._index["row"][slots[ok]] = np.flatnonzero(ok)
-        self._chunks.placement.replay_written([chunk], "wal")
 
     def wall_clock(self) -> float:
         """The clock of ``inserted_at``, group timeouts, leases and retention windows."""

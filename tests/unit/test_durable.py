@@ -42,7 +42,7 @@ def state(table) -> dict:
     s["touches"] = table._touches
     s["version"] = table.policy_version
     s["limiter"] = {k: table._limiter.state()[k] for k in ("inserts", "samples", "deletes")}
-    s["allowance"] = table._allowance
+    s["allowance"] = table._removals.allowance
     s["groups"] = {n: {k: v for k, v in g.to_dict(0.0).items() if k != "deadlines"}
                    for n, g in table._consumers.items()}
     s["eligible"] = len(table._sampler)
