@@ -108,6 +108,10 @@ class ItemIndex:
         ok = (log_ids[pos] == ids) & self.live[slots] & (self.cols["id"][slots] == ids)
         return np.where(ok, slots, -1)
 
+    def is_live(self, ids: np.ndarray) -> np.ndarray:
+        """bool per id: whether its item is live. O(k log n)."""
+        return self.lookup(ids) >= 0
+
     def live_slots(self) -> np.ndarray:
         """All live slots, in id order."""
         return self.slots_from(0, self._size)

@@ -28,7 +28,7 @@ table may read them from the SSD); if they cannot be read (a tier down, damage),
 rows are compared within the insert only and ``ingest_unchecked`` counts them.
 
 Concurrency: the references are looked up under the table lock, compared outside it
-(``Table.prepare_insert``) and confirmed at commit under the lock: if another insert of
+(``check_against_stored``, from ``Table.prepare_insert``) and confirmed at commit under the lock: if another insert of
 the same episode or group committed in between, the insert is refused (insert an
 episode's rows in order). The state (:class:`Lineage`) is derived from the live items:
 a restart rebuilds it from the index (each item keeps a 64-bit hash of its episode key;
@@ -44,14 +44,20 @@ insert of rows of 2.5-4k tokens (each extending its episode's previous row by 51
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import InvalidArgument
+from .errors import ExpstoreError, InvalidArgument
+
+if TYPE_CHECKING:
+    from .table import Table
+
+log = logging.getLogger("expstore.table")
 
 EPISODE_COLUMN = "episode_id"
 REFERENCE_COLUMNS = ["prompt_id", EPISODE_COLUMN, "tokens", "loss_mask"]  # those the table has
@@ -152,6 +158,35 @@ class Lineage:
         """From the live items after a restart (ids ascending)."""
         self.episodes, self.groups = {}, {}
         self.record(hashes, groups, ids)
+
+
+def check_against_stored(table: "Table", whole: pa.Table, episodes: np.ndarray) -> References:
+    """Run "extends" and "group_prefix" on an insert's rows (``whole``, their episode
+    hashes) against the stored rows they reference (``Table.prepare_insert``, no lock
+    held): the references are looked up under the table lock, the stored rows read and
+    compared outside it. Returns the references, confirmed at commit (``Lineage.confirm``)."""
+    p = table.parts
+    groups = whole.column("group_id").to_pylist() if "group_prefix" in p.checks.names \
+        else [None] * whole.num_rows
+    with table.lock:
+        refs = p.lineage.references(episodes, groups, p.index.is_live)
+    stored, stored_ids = None, np.zeros(0, np.uint64)
+    if refs.ids:
+        ids = np.array(refs.ids, np.uint64)
+        try:
+            with table.lock:
+                slots = p.index.lookup(ids)
+                stored_ids = ids[slots >= 0]
+                snap = table.plan_read(slots[slots >= 0])
+            columns = [c for c in REFERENCE_COLUMNS if c in table.schema.names]
+            stored = pa.Table.from_batches([table.read(snap, columns).data])
+        except ExpstoreError as e:  # a tier down, damage: compare within the insert only
+            log.warning("table %r: ingest checks compare within the insert only: %s", table.name, e)
+            stored, stored_ids = None, np.zeros(0, np.uint64)
+            with table.lock:
+                table.counters["ingest_unchecked"] += whole.num_rows
+    p.checks.check_lineage(whole, episodes, refs, stored, stored_ids.tolist())
+    return refs
 
 
 class Checks:

@@ -39,7 +39,6 @@ of the same chunk are still served.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import Counter
@@ -52,9 +51,8 @@ import pyarrow as pa
 from . import ingest_checks, recovery
 from . import schema as protocol
 from .admission import Admission, Wait
-from .errors import DataLoss, ExpstoreError, FailedPrecondition, InvalidArgument, NotFound
+from .errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from .intake import Intake, PreparedInsert
-from .ingest_checks import References
 from .movement import Mover
 from .parts import Backing, Parts
 from .placement import Staged
@@ -73,8 +71,6 @@ from .spec import TableSpec
 from .streams import DEFAULT_VISIBILITY_TIMEOUT, Streams
 from .tiers.checksums import RemoteChecksums
 from .turns import Turn
-
-log = logging.getLogger("expstore.table")
 
 
 @dataclass(frozen=True)
@@ -149,7 +145,7 @@ class Table:
         retries) or abandoned."""
         prep, whole = self._intake.prepare(data, priorities, durability)
         if self._trajectory and self._checks is not None:
-            prep.references = self._check_lineage(whole, prep.episodes)
+            prep.references = ingest_checks.check_against_stored(self, whole, prep.episodes)
         try:
             for b in prep.batches:  # the SSD writes, outside the lock
                 prep.staged.append(self._chunks.stage(b, prep.durability))
@@ -157,35 +153,6 @@ class Table:
             self.abandon_insert(prep)
             raise
         return prep
-
-    def _check_lineage(self, whole: pa.Table, episodes: np.ndarray) -> References:
-        """The ingest checks "extends" and "group_prefix" (ingest_checks.py): references
-        looked up under the lock, the stored ones read and compared outside it."""
-        groups = whole.column("group_id").to_pylist() if "group_prefix" in self._checks.names \
-            else [None] * whole.num_rows
-        with self.lock:
-            refs = self._lineage.references(episodes, groups, self._live)
-        stored, stored_ids = None, np.zeros(0, np.uint64)
-        if refs.ids:
-            ids = np.array(refs.ids, np.uint64)
-            try:
-                with self.lock:
-                    slots = self._index.lookup(ids)
-                    stored_ids = ids[slots >= 0]
-                    snap = self.plan_read(slots[slots >= 0])
-                columns = [c for c in ingest_checks.REFERENCE_COLUMNS if c in self.schema.names]
-                stored = pa.Table.from_batches([self._gather(snap, columns).data])
-            except ExpstoreError as e:  # a tier down, damage: compare within the insert only
-                log.warning("table %r: ingest checks compare within the insert only: %s", self.name, e)
-                stored, stored_ids = None, np.zeros(0, np.uint64)
-                with self.lock:
-                    self.counters["ingest_unchecked"] += whole.num_rows
-        self._checks.check_lineage(whole, episodes, refs, stored, stored_ids.tolist())
-        return refs
-
-    def _live(self, ids: np.ndarray) -> np.ndarray:
-        """bool per item id: whether it is live (lock held)."""
-        return self._index.lookup(np.asarray(ids, np.uint64)) >= 0
 
     def insert(self, data, priorities=None, timeout: float | None = None,
                durability: str | None = None) -> InsertResult:
@@ -305,7 +272,7 @@ class Table:
             names = groups.to_pylist() if "group_prefix" in self._checks.names else [None] * n_new
             self._lineage.record(rows.get("episode", np.zeros(n_new, np.int64))[kept],
                                  [g for g, k in zip(names, kept.tolist()) if k], new_ids[kept], prep.references)
-            self._lineage.purge(self._live, len(self._index))
+            self._lineage.purge(self._index.is_live, len(self._index))
         self.counters["inserted_bytes"] += nbytes
         self.counters["duplicates"] += n - n_new
         self._mover.compact()
@@ -386,7 +353,7 @@ class Table:
                             retry_after=self._group_timer.retry_after())
             with self._gate.admitted(line, turn):
                 rows = self._sample_now(n, step, kw)
-        return self._gather(rows)
+        return self.read(rows)
 
     def _sample_now(self, n: int, step: int | None, kw: dict) -> PlannedRows:
         """Draw an admitted sample of n (lock held): selection, times_sampled, removals
@@ -591,7 +558,7 @@ class Table:
         with self.lock:
             self.tick()
             rows = self.plan_read(self._lookup(ids))
-        return self._gather(rows)
+        return self.read(rows)
 
     def scan(self, columns: Sequence[str] | None = None, *, min_policy_version: int | None = None,
              max_policy_version: int | None = None, inserted_after: float | None = None,
@@ -676,10 +643,6 @@ class Table:
     def plan_read(self, slots: np.ndarray, probabilities=None, weights=None) -> PlannedRows:
         """The rows' facts and read plan (lock held; ``Reader.plan``), read after it."""
         return self._reader.plan(slots, probabilities, weights)
-
-    def _gather(self, planned: PlannedRows, columns: list[str] | None = None) -> Rows:
-        """Read the planned rows (no lock held; ``Reader.gather``)."""
-        return self._reader.gather(planned, columns)
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         slots = self._index.lookup(ids)
@@ -796,9 +759,9 @@ class Table:
         """Changes so far (a ``Wait`` carries it; lock held)."""
         return self._gate.epoch
 
-    def read(self, planned: PlannedRows) -> Rows:
-        """The rows of a plan, read with no lock held."""
-        return self._gather(planned)
+    def read(self, planned: PlannedRows, columns: list[str] | None = None) -> Rows:
+        """The rows of a plan (``columns``: None, all), read with no lock held (``Reader.gather``)."""
+        return self._reader.gather(planned, columns)
 
     def read_ahead(self, chunks: list[int], *, if_room: bool = False) -> None:
         """Read chunks into the memory cache in the background (lock held; ``Mover.read_ahead``)."""

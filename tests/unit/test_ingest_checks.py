@@ -154,13 +154,13 @@ def test_a_concurrent_insert_of_the_same_episode_is_refused_at_commit():
 def test_references_that_cannot_be_read_leave_the_rows_unchecked(monkeypatch):
     t = table("extends")
     t.insert(rows(row("t1", [1], turns_of(1), episode="e")))
-    gather = Table._gather
+    gather = Table.read
 
     def down(self, snap, columns=None):
         if columns is not None and "loss_mask" in columns:  # the references' read
             raise Unavailable("the remote tier is down")
         return gather(self, snap, columns)
-    monkeypatch.setattr(Table, "_gather", down)
+    monkeypatch.setattr(Table, "read", down)
     t.insert(rows(row("t2", [5], turns_of(2), episode="e")))
     assert t.stats()["ingest_unchecked"] == 1
 
