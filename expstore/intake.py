@@ -80,6 +80,19 @@ class PreparedInsert:
         return chunks, unused
 
 
+def rows_in_chunks(chunks: list[tuple[int, int, Staged]], store: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk, row within it) of each row of an insert that is stored (-1: not stored),
+    for the index, given the chunks ``PreparedInsert.chunks`` kept."""
+    chunk_of_row = np.full(len(store), -1, dtype=np.int64)
+    row_in_chunk = np.zeros(len(store), dtype=np.int64)
+    for lo, hi, s in chunks:
+        keep = store[lo:hi]
+        chunk_of_row[lo:hi][keep] = s.chunk_id
+        row_in_chunk[lo:hi][keep] = np.flatnonzero(keep) if s.batch.num_rows == hi - lo \
+            else np.arange(int(keep.sum()))
+    return chunk_of_row, row_in_chunk
+
+
 class Intake:
     """The checks of one table (its resolved spec and schema). ``server_filled``: the
     table fills ``group_released_partial`` on reads (group timeouts), so inserts may not."""

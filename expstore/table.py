@@ -6,8 +6,9 @@ apply, read). Beside it: gate.py holds the lock, the change notifications and th
 of blocked calls, intake.py checks what a call brings, reads.py plans and reads rows (and
 scans), stats.py gathers the stats, streams.py serves consumer groups, reservations.py
 paced admission, group_timeouts.py fires group timeouts, quarantine.py takes damaged
-items out, movement.py moves chunks between tiers, records.py types the journal's records
-and recovery.py rebuilds the table from them.
+items out, removals.py takes items out (every way they leave) and makes room for
+inserts, movement.py moves chunks between tiers, records.py types the journal's records
+(and replays each) and recovery.py rebuilds the table from them.
 
 Concurrency model: one ``threading.Condition`` per table (``Gate.lock``) guards all of its state. Every
 public method takes it for a short, non-blocking critical section of numpy work; payload
@@ -52,10 +53,9 @@ from . import ingest_checks, recovery
 from . import schema as protocol
 from .admission import Admission, Wait
 from .errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
-from .intake import Intake, PreparedInsert
+from .intake import Intake, PreparedInsert, rows_in_chunks
 from .movement import Mover
 from .parts import Backing, Parts
-from .placement import Staged
 from .gate import Gate
 from .group_timeouts import GroupTimer
 from .quarantine import Quarantine, Quarantiner
@@ -236,7 +236,7 @@ class Table:
         victims = self._removals.victims(len(self._index) + n_store - self.spec.max_size)
         if self._journal is None:
             self._removals.check_budget(nbytes, victims)
-        chunk_of_row, row_in_chunk = _rows_in_chunks(chunks, store)
+        chunk_of_row, row_in_chunk = rows_in_chunks(chunks, store)
         # Index every new row; stale ones are removed again at once (ids stay unique).
         new_rows = np.flatnonzero(new)
         rows = dict(
@@ -774,18 +774,6 @@ class Table:
         """Rebuild a durable table from its journal after a restart (recovery.py)."""
         with self.lock:
             return recovery.restore(self)
-
-
-def _rows_in_chunks(chunks: list[tuple[int, int, Staged]], store: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk, row within it) of each row of an insert that is stored (-1: not stored)."""
-    chunk_of_row = np.full(len(store), -1, dtype=np.int64)
-    row_in_chunk = np.zeros(len(store), dtype=np.int64)
-    for lo, hi, s in chunks:
-        keep = store[lo:hi]
-        chunk_of_row[lo:hi][keep] = s.chunk_id
-        row_in_chunk[lo:hi][keep] = np.flatnonzero(keep) if s.batch.num_rows == hi - lo \
-            else np.arange(int(keep.sum()))
-    return chunk_of_row, row_in_chunk
 
 
 def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.ndarray:
