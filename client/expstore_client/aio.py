@@ -15,6 +15,7 @@ status code and message.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ class AsyncClient:
         self.timeout = timeout
         self.message_bytes, self.max_message_bytes = message_bytes, max_message_bytes
         self._schemas: dict[str, pa.Schema] = {}
-        self._inserts, self._samples = _InOrder(self._channel), _InOrder(self._channel)
+        self._inserts, self._samples = _InOrder(self._channel, self._metadata), _InOrder(self._channel, self._metadata)
 
     @property
     def flight_location(self) -> str | None:
@@ -183,13 +184,13 @@ class AsyncClient:
             big = flight and not compress and arrow.nbytes >= self.flight_min_bytes
             path = await self._flight_path() if big else None
             if path is not None:
-                await turn.start(lambda: None, timeout)
+                await turn.start(None, timeout)
                 flight = _flight.insert_request(table, priorities, timeout, durability)
                 # A task starts at once and queues on the path's lock: the order of the calls.
                 return asyncio.ensure_future(self._flight_insert(path, flight, arrow, table, data, priorities,
                                                                  timeout, durability))
-            call = await turn.start(lambda: self._stub.Insert(requests, timeout=self._deadline(timeout),
-                                                              metadata=self._metadata), timeout)
+            call = await turn.start(lambda metadata: self._stub.Insert(requests, timeout=self._deadline(timeout),
+                                                                       metadata=metadata), timeout)
         return asyncio.ensure_future(_insert_result(call))
 
     async def _flight_insert(self, path: FlightPath, request: pb.InsertRequest, arrow: pa.Table, table: str,
@@ -217,11 +218,12 @@ class AsyncClient:
                                    data_versions=_codec.version_ranges(data_versions))
             path = await self._flight_path()
             if path is not None:
-                await turn.start(lambda: None, timeout)
+                await turn.start(None, timeout)
                 task = asyncio.ensure_future(self._flight_rows(path, pb.FlightTicket(sample=req), timeout, True,
                                                                path.samples))
             else:
-                call = await turn.start(lambda: self._stream(self._stub.Sample, req, timeout), timeout)
+                call = await turn.start(lambda metadata: self._stub.Sample(req, timeout=self._deadline(timeout),
+                                                                           metadata=metadata), timeout)
         if path is not None:
             try:
                 return await task
@@ -466,34 +468,33 @@ async def _stream(client: AsyncClient, table: str, group: str, poller: _codec.St
 
 
 class _InOrder:
-    """Starts a client's calls of one kind on the wire in the order they were made.
+    """Starts a client's calls of one kind on the wire in the order they were made, and
+    numbers them so that the server hands them to its engine in that order however grpc
+    delivers them (metadata ``expstore-order``: ``ORIGIN:SEQ:LOW``, see the server's
+    arrivals.py; LOW is the lowest number whose call has not ended here).
 
     Calls made while the channel connects are started in any order once it is up, so a
     call waits (up to its timeout) while the channel is idle or connecting, after the
     call made before it has started: the order holds through a reconnect. A channel that
     failed to connect is not waited for (the call fails fast, as it would have). The
-    server then sees the calls in order, and admits them in that order when they wait.
+    server then admits the calls in that order when they wait.
     """
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._channel = channel
+    def __init__(self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...] | None) -> None:
+        self._channel, self._metadata = channel, tuple(metadata or ())
+        self._origin = secrets.token_hex(8)
         self._last: asyncio.Future | None = None
+        self._next = 0  # the number of the next call started
+        self._low = 0  # every call numbered below it has ended
+        self._ended: set[int] = set()  # ended calls numbered above _low
 
     def take(self) -> "_Start":
         """A place in the order; call before the caller's first ``await``."""
         previous, self._last = self._last, asyncio.get_running_loop().create_future()
-        return _Start(self._channel, previous, self._last)
+        return _Start(self, previous, self._last)
 
-
-class _Start:
-    def __init__(self, channel: grpc.aio.Channel, previous: asyncio.Future | None,
-                 started: asyncio.Future) -> None:
-        self._channel, self._previous, self._started = channel, previous, started
-
-    async def start(self, make_call, timeout: float):
-        """Start the call once the previous one has started and the channel is up."""
-        if self._previous is not None and not self._previous.done():
-            await asyncio.shield(self._previous)  # not cancelled if this call is
+    async def connected(self, timeout: float) -> None:
+        """Wait up to ``timeout`` while the channel is idle or connecting."""
         state = self._channel.get_state(try_to_connect=True)
         if state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):
             deadline = time.monotonic() + timeout
@@ -503,7 +504,39 @@ class _Start:
                 except TimeoutError:
                     break  # the call itself reports the timeout
                 state = self._channel.get_state(try_to_connect=True)
-        return make_call()
+
+    def numbered(self) -> tuple[int, tuple[tuple[str, str], ...]]:
+        """The next call's number and the metadata that carries it."""
+        seq, self._next = self._next, self._next + 1
+        return seq, self._metadata + (("expstore-order", f"{self._origin}:{seq}:{self._low}"),)
+
+    def ended(self, seq: int) -> None:
+        self._ended.add(seq)
+        while self._low in self._ended:
+            self._ended.remove(self._low)
+            self._low += 1
+
+
+class _Start:
+    def __init__(self, order: _InOrder, previous: asyncio.Future | None, started: asyncio.Future) -> None:
+        self._order, self._previous, self._started = order, previous, started
+
+    async def start(self, make_call: Callable[[tuple], Any] | None, timeout: float):
+        """Start the call (``make_call(metadata)``; None: a call that is not a gRPC call
+        of this channel) once the previous one has started and the channel is up."""
+        if self._previous is not None and not self._previous.done():
+            await asyncio.shield(self._previous)  # not cancelled if this call is
+        await self._order.connected(timeout)
+        if make_call is None:
+            return None
+        seq, metadata = self._order.numbered()
+        try:
+            call = make_call(metadata)
+        except BaseException:
+            self._order.ended(seq)
+            raise
+        call.add_done_callback(lambda _: self._order.ended(seq))
+        return call
 
     async def __aenter__(self) -> "_Start":
         return self

@@ -46,7 +46,7 @@ from expstore.admission import Wait
 from expstore.errors import DeadlineExceeded, ExpstoreError
 from expstore.table import InsertResult, PreparedInsert, Table
 
-from .arrivals import Arrival
+from .arrivals import Arrival, Line
 
 MAX_ROWS = 16384
 MAX_BYTES = 8 << 20
@@ -134,17 +134,13 @@ class InsertCoalescer:
 
     async def _one_by_one(self, group: list[Pending], prep: PreparedInsert | None) -> None:
         """Commit a group's calls the ordinary way, each handing its first attempt to the
-        table after the one before it (an ``Arrival`` chain); return once each has made
+        table after the one before it (a ``Line`` of their own); return once each has made
         its first attempt (so that a call held back is in the table's line before the
         next group tries) or ended. They wait, if they must, side by side in the line."""
         loop = asyncio.get_running_loop()
-        previous, tried = None, []
-        for call in group:
-            if call.future.done():  # the caller has gone
-                continue
-            turn = loop.create_future()
-            arrival = Arrival(previous, turn, lambda _: None)
-            previous = turn
+        line, tried = Line(), []
+        for seq, call in enumerate(c for c in group if not c.future.done()):  # not those whose caller has gone
+            arrival = line.arrive(seq)
             first = loop.create_future()
             task = loop.create_task(call.alone(prep, arrival, lambda first=first: _settle(first)))
             task.add_done_callback(functools.partial(_ended, call, arrival, first))

@@ -38,7 +38,7 @@ from expstore.table import InsertResult, PreparedInsert, Table
 from expstore.turns import Turn
 
 from . import convert
-from .arrivals import Arrival, Arrivals
+from .arrivals import Arrival, Arrivals, order_of
 from .security_log import SecurityLog
 from .auth import ANY_ROLE, Authenticator
 from .clip import MESSAGE_CHARS, clip
@@ -231,11 +231,11 @@ class Servicer:
 
     @rpc("producer", audit=True)
     async def Insert(self, request_iterator, context, call):
-        arrival = self._arrivals.start(context.peer(), "insert")  # before any await: the call's start
+        origin, arrival = self._arrival("insert", context)  # before any await: the call's start
         with arrival:
-            return await self._insert(request_iterator, call, arrival, context)
+            return await self._insert(request_iterator, call, origin, arrival, context)
 
-    async def _insert(self, request_iterator, call, arrival, context):
+    async def _insert(self, request_iterator, call, origin, arrival, context):
         first, parts, priorities = None, [], []
         async for item in request_iterator:
             _check_parsed(item, "Insert")
@@ -270,7 +270,7 @@ class Servicer:
             then the commit attempts, the first handed over in ``order``."""
             if prep is None:
                 prep = await self._run(table.prepare_insert, parts, priorities, durability)
-            turn = table.turn("insert", context.peer())
+            turn = table.turn("insert", origin)
             loop = asyncio.get_running_loop()
 
             def attempt():
@@ -292,14 +292,20 @@ class Servicer:
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
                                  num_duplicates=result.num_duplicates, num_stale=result.num_stale)
 
+    def _arrival(self, kind: str, context) -> tuple[str, Arrival]:
+        """The call's origin (the client's line of calls, else its connection) and its
+        place among the origin's calls of ``kind`` (arrivals.py)."""
+        order = order_of(context.invocation_metadata())
+        return (context.peer() if order is None else order[0]), self._arrivals.start(kind, context.peer(), order)
+
     # -- rows out ---------------------------------------------------------------------
 
     @rpc("trainer")
     async def Sample(self, request, context, call):
-        arrival = self._arrivals.start(context.peer(), "sample")  # before any await: the call's start
+        origin, arrival = self._arrival("sample", context)  # before any await: the call's start
         with arrival:
             table = self.store.table(request.table)
-            turn = table.turn("sample", context.peer())
+            turn = table.turn("sample", origin)
             step = request.step if request.HasField("step") else None
             versions = convert.version_ranges(request.data_versions)
 

@@ -154,6 +154,19 @@ def test_later_message_names_other_table(client, stub, table):
     assert_still_serving(client, table, 0)
 
 
+@pytest.mark.parametrize("order", ["no-numbers", "c:1:5", "c:-1:0", "x" * 200 + ":0:0"])
+def test_bad_call_order_metadata(client, stub, table, order):
+    client.insert(table, trajectories(2))
+    metadata = (("expstore-order", order),)
+    err = rpc_error(lambda: stub.Insert(iter(insert_requests(table, [trajectories(1, id_prefix="z")])),
+                                        timeout=5, metadata=metadata), IA)
+    assert "expstore-order" in err.details() and "ORIGIN:SEQ:LOW" in err.details(), err.details()
+    err = rpc_error(lambda: list(stub.Sample(pb.SampleRequest(table=table, batch_size=1), timeout=5,
+                                             metadata=metadata)), IA)
+    assert "expstore-order" in err.details(), err.details()
+    assert_still_serving(client, table, 2)
+
+
 @pytest.mark.parametrize("call", ["sample", "stream"])
 @pytest.mark.parametrize("batch_size", [0, -3])
 def test_batch_size_not_positive(client, table, call, batch_size):
