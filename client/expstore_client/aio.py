@@ -463,8 +463,7 @@ async def _stream(client: AsyncClient, table: str, group: str, poller: _codec.St
                 return
             continue
         poller.got_rows()
-        batch._ack = lambda ids=batch.ids: client.ack(table, group, ids)
-        yield batch
+        yield batch.acked_by(lambda ids=batch.ids: client.ack(table, group, ids))
 
 
 class _InOrder:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -47,6 +47,10 @@ class SampleBatch:
         if self._ack is None:
             raise TypeError("only batches from stream() can be acked")
         return self._ack()
+
+    def acked_by(self, ack: Callable[[], Any]) -> "SampleBatch":
+        """The same rows, acked by calling ``ack`` (a stream hands out its batches so)."""
+        return replace(self, _ack=ack)
 
     def column(self, name: str) -> pa.Array:
         col = self.data.column(name)

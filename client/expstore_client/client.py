@@ -109,8 +109,7 @@ class Client:
     @functools.wraps(AsyncClient.stream)
     def stream(self, table: str, group: str, batch_size: int, **options: Any) -> Iterator[SampleBatch]:
         for batch in self._loop.iterate(self._core.stream(table, group, batch_size, **options)):
-            batch._ack = lambda ack=batch._ack: self._loop.run(ack())  # ``batch.ack()`` waits here
-            yield batch
+            yield batch.acked_by(lambda ack=batch.ack: self._loop.run(ack()))  # ``batch.ack()`` waits here
 
     @functools.wraps(AsyncClient.query)
     def query(self, sql: str, **options: Any) -> pa.RecordBatchReader:

@@ -274,8 +274,7 @@ class ShardedClient:
                     return
                 continue
             poller.got_rows()
-            batch._ack = lambda ids=batch.ids: self.ack(table, group, ids)
-            yield batch
+            yield batch.acked_by(lambda ids=batch.ids: self.ack(table, group, ids))
 
     def _stream_round(self, table: str, request: pb.StreamRequest, wait: float, by_size: bool) -> SampleBatch | None:
         stats, failures = self._table_stats(table)
