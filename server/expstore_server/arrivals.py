@@ -16,9 +16,10 @@ its line numbered below it has handed its own, ended, or been given up on; the t
 then keeps that order between the threads (``Table.expect``). Only this hand-over is
 ordered: receiving and validating the calls overlap. Other lines never wait for it.
 
-A number that never arrives (a call lost or refused before its handler ran, while later
-ones were already on their way) is given up on after ``GAP_GRACE_S``: the calls behind
-it go on. A call without the metadata (another client) is numbered on arrival among
+A number that never arrives (a call that failed in the client or was refused before its
+handler ran, while later ones were already on their way) is given up on after
+``GAP_GRACE_S``: the calls behind it go on. grpc swaps calls started microseconds apart,
+so a short grace keeps the order; it is the delay a lost call costs the calls behind it. A call without the metadata (another client) is numbered on arrival among
 its connection's calls (gRPC's ``context.peer()``), which orders all but calls started
 microseconds apart.
 
@@ -31,6 +32,7 @@ Concurrency: asyncio, on the server's event loop only (no locks).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import OrderedDict
 from typing import Callable, Sequence
@@ -38,7 +40,7 @@ from typing import Callable, Sequence
 from expstore.errors import InvalidArgument
 
 ORDER_KEY = "expstore-order"
-GAP_GRACE_S = 1.0  # how long a call waits for an earlier number that has not arrived
+GAP_GRACE_S = 0.25  # how long a call waits for an earlier number that has not arrived
 IDLE_S = 60.0  # how long a line without running calls is remembered
 MAX_ORIGIN_CHARS = 64
 
@@ -69,7 +71,7 @@ class Line:
     ``frontier`` is the lowest number that has not had its turn: every call numbered
     below it has. A call's turn comes when the frontier reaches its number."""
 
-    __slots__ = ("frontier", "next_local", "live", "touched", "_waiting", "_passed", "_gap", "_gap_at")
+    __slots__ = ("frontier", "next_local", "live", "touched", "_waiting", "_numbers", "_passed", "_gap", "_gap_at")
 
     def __init__(self, frontier: int = 0) -> None:
         self.frontier = frontier
@@ -77,6 +79,7 @@ class Line:
         self.live = 0  # calls of the line running on the server
         self.touched = time.monotonic()
         self._waiting: dict[int, asyncio.Future] = {}  # arrived, turn not had yet
+        self._numbers: list[int] = []  # a heap of _waiting's numbers (and of some that left it)
         self._passed: set[int] = set()  # had their turn ahead of the frontier
         self._gap: asyncio.TimerHandle | None = None  # gives up on the number at _gap_at
         self._gap_at = -1
@@ -89,15 +92,15 @@ class Line:
             turn.set_result(None)
         else:
             self._waiting[seq] = turn
+            heapq.heappush(self._numbers, seq)
             self._settle()
         return Arrival(self, seq, turn, on_end)
 
     def skip_to(self, low: int) -> None:
-        """Every call numbered below ``low`` has ended at the client: wait for none of them."""
+        """Every call numbered below ``low`` has ended at the client: wait for none of them
+        (those still running here, which the client gave up on, wait for nothing either)."""
         if low > self.frontier:
-            self._passed = {s for s in self._passed if s >= low}
-            self.frontier = low
-            self._settle()
+            self._advance(low)
 
     def passed(self, seq: int) -> None:
         """Call ``seq`` has had its turn (or ended before it)."""
@@ -117,6 +120,8 @@ class Line:
         while self.frontier in self._passed:
             self._passed.remove(self.frontier)
             self.frontier += 1
+        while self._numbers and self._numbers[0] < self.frontier:  # had their turn: left _waiting
+            heapq.heappop(self._numbers)
         turn = self._waiting.get(self.frontier)
         if turn is not None and not turn.done():
             turn.set_result(None)
@@ -132,9 +137,23 @@ class Line:
         """The number at the frontier never came: the lowest waiting call goes next."""
         self._gap = None
         if self._waiting and self.frontier not in self._waiting:
-            self.frontier = min(self._waiting)
-            self._passed = {s for s in self._passed if s > self.frontier}
-            self._settle()
+            self._advance(self._lowest_waiting())
+
+    def _advance(self, frontier: int) -> None:
+        """Move the frontier up to ``frontier``: the calls below it wait no more. Keeps
+        ``_waiting`` and ``_passed`` to numbers at or above the frontier."""
+        self.frontier = frontier
+        while self._numbers and self._numbers[0] < frontier:
+            turn = self._waiting.pop(heapq.heappop(self._numbers), None)
+            if turn is not None and not turn.done():
+                turn.set_result(None)
+        self._passed = {s for s in self._passed if s >= frontier}
+        self._settle()
+
+    def _lowest_waiting(self) -> int:
+        while self._numbers[0] not in self._waiting:  # left since: drop it
+            heapq.heappop(self._numbers)
+        return self._numbers[0]
 
 
 class Arrival:

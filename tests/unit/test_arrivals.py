@@ -101,6 +101,28 @@ def test_a_number_that_never_arrives_is_given_up_on(monkeypatch):
     asyncio.run(main())
 
 
+def test_calls_the_client_gave_up_on_never_take_the_turn_back(monkeypatch):
+    monkeypatch.setattr(arrivals_module, "GAP_GRACE_S", 0.1)
+
+    async def main():
+        arrivals = Arrivals()
+        arrivals.start("insert", "conn", ("c", 0, 0)).dispatched()
+        one = arrivals.start("insert", "conn", ("c", 1, 0))  # its turn; still being received
+        two = arrivals.start("insert", "conn", ("c", 2, 0))  # waits for it
+        # the client's deadline passed for 1 and 2; call 3 is on its way, 4 got here first
+        four = arrivals.start("insert", "conn", ("c", 4, 3))
+        assert await one.wait(0) and await two.wait(0)  # they wait for nothing any more
+        assert await four.wait(1)  # 3 never came: given up on after the grace
+        five = arrivals.start("insert", "conn", ("c", 5, 3))
+        two.dispatched()
+        one.dispatched()  # the abandoned calls going on do not hold up the line
+        assert not await five.wait(0.2)  # ...but 5 still comes after 4
+        four.dispatched()
+        assert await five.wait(1)
+
+    asyncio.run(main())
+
+
 def test_an_idle_line_is_forgotten_and_a_running_one_is_not(monkeypatch):
     monkeypatch.setattr(arrivals_module, "IDLE_S", 0.0)
 
