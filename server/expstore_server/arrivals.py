@@ -19,8 +19,9 @@ ordered: receiving and validating the calls overlap. Other lines never wait for 
 A number that never arrives (a call that failed in the client or was refused before its
 handler ran, while later ones were already on their way) is given up on after
 ``GAP_GRACE_S``: the calls behind it go on. grpc swaps calls started microseconds apart,
-so a short grace keeps the order; it is the delay a lost call costs the calls behind it. A call without the metadata (another client) is numbered on arrival among
-its connection's calls (gRPC's ``context.peer()``), which orders all but calls started
+so a short grace keeps the order; it is the delay a lost call costs the calls behind it.
+A call without the metadata (another client) is numbered on arrival among its
+connection's calls (gRPC's ``context.peer()``), which orders all but calls started
 microseconds apart.
 
 A line is remembered while any of its calls runs and for ``IDLE_S`` after, so that the
