@@ -138,6 +138,14 @@ def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = No
     return store, checkpoint.Checkpointer(store, remote_store)
 
 
+# grpc's core holds calls that have arrived until the event loop takes them, and past
+# 1,000 of them refuses new ones at random (3,000: all): a burst of producers then fails
+# with CANCELLED while the loop is busy with the calls before it. expstore's waiting
+# calls are coroutines, cheap to hold; a call waits out its own deadline instead.
+PENDING_CALLS = [("grpc.server.max_pending_requests", 1 << 20),
+                 ("grpc.server.max_pending_requests_hard_limit", 1 << 20)]
+
+
 async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = None) -> None:
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
     store, checkpointer = open_store(cfg, restore_checkpoint)
@@ -147,7 +155,8 @@ async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = N
     servicer = Servicer(store, cfg, Authenticator(cfg.tokens), audit, checkpointer, metrics)
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                ("grpc.max_send_message_length", cfg.max_message_bytes),
-               ("grpc.so_reuseport", 0)]
+               ("grpc.so_reuseport", 0),
+               *PENDING_CALLS]
     server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((server_handler(servicer),))
     health_servicer = health.aio.HealthServicer()
