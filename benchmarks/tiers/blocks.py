@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -62,7 +61,7 @@ def bench_codec(quick: bool) -> dict:
                 encode, decode = _ipc_stream, _read_ipc_stream
             else:  # the SSD tier's blocks: record batch messages, the schema kept once per chunk
                 encode = codec.encode_block
-                decode = lambda e: codec.decode_block(e, rb.schema, "bench", zlib.crc32(e))  # noqa: E731
+                decode = lambda e: codec.decode_block(e, rb.schema, "bench", codec.block_checksum(e))  # noqa: E731
             enc = [encode(p) for p in parts]
             t_enc = min(_timed(lambda: [encode(p) for p in parts], reps))
             t_dec = min(_timed(lambda: [decode(e) for e in enc], reps))

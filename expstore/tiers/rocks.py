@@ -65,7 +65,6 @@ import fcntl
 import gc
 import os
 import threading
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -83,7 +82,9 @@ COLUMN_FAMILIES = ("chunks", "journal", "meta")
 CHUNK_FAMILY = "chunks."  # + table id: a table's chunks
 DURABILITIES = ("memory", "wal", "fsync")
 BLOCK_BYTES = 64 << 10
-META_MAGIC = b"EXM2"  # chunk meta values with block checksums (the legacy ones start with a count)
+# Chunk meta values with block checksums start with a magic naming the checksum (the
+# legacy ones, whose blocks carry their own, start with a count): EXM3 CRC32C, EXM2 CRC32.
+META_MAGICS = {"crc32c": b"EXM3", "crc32": b"EXM2"}
 MIN_BLOB_BYTES = 4096  # chunk values at least this large live in blob files
 MEMTABLE_BYTES = 256 << 20  # default budget of all write buffers together
 CACHE_BYTES = 64 << 20  # default size of the block cache
@@ -434,28 +435,33 @@ def _translate(e: Exception, doing: str) -> Exception:
 
 @dataclass(frozen=True)
 class Layout:
-    """How a chunk is stored: the row offsets of its blocks, each block's CRC32 (None for
-    blocks of the legacy format, which carry their own), stored and Arrow bytes, schema."""
+    """How a chunk is stored: the row offsets of its blocks, each block's checksum (None
+    for blocks of the legacy format, which carry their own) and what computed them (a key
+    of ``codec.CHECKSUMS``), stored and Arrow bytes, schema."""
 
     offsets: np.ndarray
     checksums: np.ndarray | None
     stored: int
     arrow: int
     schema: pa.Schema
+    algorithm: str = codec.BLOCK_CHECKSUM
 
     def encode(self) -> bytes:
-        """The chunk's meta value: ``EXM2 | blocks + 1 (4) | row offsets (8 each) | CRC32 of
-        each block (4 each) | stored bytes (8) | Arrow bytes (8) | schema``."""
-        return META_MAGIC + len(self.offsets).to_bytes(4, "little") + self.offsets.astype("<i8").tobytes() + \
+        """The chunk's meta value: ``magic (META_MAGICS[algorithm]) | blocks + 1 (4) | row
+        offsets (8 each) | checksum of each block (4 each) | stored bytes (8) | Arrow bytes
+        (8) | schema``."""
+        return META_MAGICS[self.algorithm] + len(self.offsets).to_bytes(4, "little") + \
+            self.offsets.astype("<i8").tobytes() + \
             self.checksums.astype("<u4").tobytes() + self.stored.to_bytes(8, "little") + \
             self.arrow.to_bytes(8, "little") + self.schema.serialize().to_pybytes()
 
     @classmethod
     def decode(cls, meta: bytes) -> "Layout":
-        """Either format: ``encode``'s, or the legacy one (no magic, no checksums: its
-        blocks carry theirs), which starts with the offsets' count."""
+        """Any format: ``encode``'s (either magic), or the legacy one (no magic, no
+        checksums: its blocks carry theirs), which starts with the offsets' count."""
         at, n, checksums = 0, int.from_bytes(meta[:4], "little"), None
-        if meta[:4] == META_MAGIC:
+        algorithm = next((name for name, magic in META_MAGICS.items() if meta[:4] == magic), None)
+        if algorithm is not None:
             at, n = 4, int.from_bytes(meta[4:8], "little")
         offsets = np.frombuffer(meta, dtype="<i8", count=n, offset=at + 4)
         end = at + 4 + 8 * n
@@ -463,7 +469,8 @@ class Layout:
             checksums = np.frombuffer(meta, dtype="<u4", count=n - 1, offset=end)
             end += 4 * (n - 1)
         return cls(offsets, checksums, int.from_bytes(meta[end:end + 8], "little"),
-                   int.from_bytes(meta[end + 8:end + 16], "little"), pa.ipc.read_schema(pa.py_buffer(meta[end + 16:])))
+                   int.from_bytes(meta[end + 8:end + 16], "little"), pa.ipc.read_schema(pa.py_buffer(meta[end + 16:])),
+                   algorithm or codec.BLOCK_CHECKSUM)
 
 
 def block_offsets(rows: int, arrow_bytes: int) -> np.ndarray:
@@ -504,7 +511,8 @@ class RocksTier:
         self._owns_db = owns_db
         self._prefix = table_prefix(table_id)
         self._offsets: dict[int, np.ndarray] = {}  # chunk -> row offsets of its blocks
-        self._checksums: dict[int, np.ndarray | None] = {}  # chunk -> CRC32 of its blocks (None: legacy)
+        self._checksums: dict[int, np.ndarray | None] = {}  # chunk -> checksums of its blocks (None: legacy)
+        self._algorithm: dict[int, str] = {}  # chunk -> what its block checksums are (codec.CHECKSUMS)
         self._schema: dict[int, pa.Schema] = {}     # chunk -> its schema (shared objects)
         self._schemas: dict[bytes, pa.Schema] = {}  # serialized -> decoded, once per table
         self._stored: dict[int, int] = {}  # chunk -> compressed bytes
@@ -556,8 +564,9 @@ class RocksTier:
     def encode(self, chunk_id: int, batch: pa.RecordBatch) -> tuple[WriteBatch, Layout]:
         """The write batch storing a chunk, for callers that write it with other keys:
         its blocks (IPC messages, one copy of the rows) and its meta value, which holds
-        each block's CRC32, checked when the block is read (RocksDB checks its own on the
-        stored bytes; this one covers the way from here to there)."""
+        each block's checksum (``codec.block_checksum``), checked when the block is read
+        (RocksDB checks its own on the stored bytes; this one covers the way from here to
+        there)."""
         arrow_bytes = batch.get_total_buffer_size()
         offsets = block_offsets(batch.num_rows, arrow_bytes)
         checksums = np.empty(len(offsets) - 1, np.uint32)
@@ -566,10 +575,10 @@ class RocksTier:
         h = self.db.handle[self._cf]
         for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
             value = codec.encode_block(batch.slice(lo, hi - lo))
-            checksums[b] = zlib.crc32(value)
+            checksums[b] = codec.block_checksum(value)
             wb.put(self._key(chunk_id, b), value, h)
             size += len(value)
-        layout = Layout(offsets, checksums, size, arrow_bytes, batch.schema)
+        layout = Layout(offsets, checksums, size, arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM)
         wb.put(self._key(chunk_id, _META_BLOCK), layout.encode(), h)
         return wb, layout
 
@@ -578,6 +587,7 @@ class RocksTier:
             self._forget(chunk_id)
         self._schema[chunk_id] = self._schemas.setdefault(layout.schema.serialize().to_pybytes(), layout.schema)
         self._offsets[chunk_id], self._checksums[chunk_id] = layout.offsets, layout.checksums
+        self._algorithm[chunk_id] = layout.algorithm
         self._stored[chunk_id], self._arrow[chunk_id] = layout.stored, layout.arrow
         self.stored_nbytes += layout.stored
         self._nbytes += layout.arrow
@@ -586,6 +596,7 @@ class RocksTier:
         self._legacy.discard(chunk_id)
         self._offsets.pop(chunk_id, None)
         self._checksums.pop(chunk_id, None)
+        self._algorithm.pop(chunk_id, None)
         self._schema.pop(chunk_id, None)
         self.stored_nbytes -= self._stored.pop(chunk_id, 0)
         self._nbytes -= self._arrow.pop(chunk_id, 0)
@@ -746,7 +757,8 @@ class RocksTier:
                     raise NotFound(f"{what} is missing")
                 checksums = self._checksums[chunk]
                 out.append(codec.decode_block(value, self._schema[chunk], what,
-                                              None if checksums is None else int(checksums[block])))
+                                              None if checksums is None else int(checksums[block]),
+                                              self._algorithm[chunk]))
             except DataLoss as e:
                 offsets = self._offsets[chunk]
                 damage.setdefault(chunk, []).append((int(offsets[block]), int(offsets[block + 1])))

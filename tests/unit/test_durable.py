@@ -24,7 +24,7 @@ from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
-from expstore.tiers.rocks import Database, Layout, RocksTier, table_prefix
+from expstore.tiers.rocks import Database, Layout, RocksTier, block_offsets, table_prefix
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -451,6 +451,62 @@ def test_a_data_dir_written_in_the_legacy_block_format_reads_back_exactly(tmp_pa
     store.close()
 
 
+def crc32_encode(tier: RocksTier, chunk_id: int, batch: pa.RecordBatch):
+    """RocksTier.encode as it was before CRC32C: IPC blocks whose zlib CRC32s the meta value
+    records after the magic EXM2 (count | row offsets | CRC32s | stored | Arrow | schema)."""
+    offsets = block_offsets(batch.num_rows, batch.get_total_buffer_size())
+    wb, size, h, crcs = WriteBatch(raw_mode=True), 0, tier.db.handle[tier.family], []
+    for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        value = batch.slice(lo, hi - lo).serialize().to_pybytes()
+        crcs.append(zlib.crc32(value))
+        wb.put(tier._key(chunk_id, b), value, h)
+        size += len(value)
+    arrow = batch.get_total_buffer_size()
+    meta = b"EXM2" + len(offsets).to_bytes(4, "little") + offsets.astype("<i8").tobytes() + \
+        np.array(crcs, "<u4").tobytes() + size.to_bytes(8, "little") + arrow.to_bytes(8, "little") + \
+        batch.schema.serialize().to_pybytes()
+    wb.put(tier._key(chunk_id, 0xFFFFFFFF), meta, h)
+    return wb, Layout(offsets, np.array(crcs, np.uint32), size, arrow, batch.schema, "crc32")
+
+
+def test_blocks_are_checked_with_crc32c_and_chunks_checked_with_crc32_still_read(tmp_path, monkeypatch):
+    """New chunks record CRC32C block checksums (meta magic EXM3); chunks written with zlib's
+    CRC32 (EXM2) read back exactly after a restart, and a damaged block of either kind is
+    DATA_LOSS naming it."""
+    data = [trajectories(20, tokens=n, id_prefix=f"o{n}-") for n in (16, 4096)]
+    with monkeypatch.context() as m:
+        m.setattr(RocksTier, "encode", crc32_encode)
+        store = Catalog(tmp_path / "d")
+        t = store.create_table(TableSpec("t", memory_bytes=1))  # reads come from the SSD tier
+        old = [t.insert(d).item_ids for d in data]
+        expected = rows_of(t, np.concatenate(old))
+        store.close()
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    new = t.insert(trajectories(20, tokens=4096, id_prefix="n")).item_ids
+    tier = t._chunks.placement.ssd
+    cf = store.db.cf[tier.family]
+    metas = {int.from_bytes(k[4:12], "big"): v for k, v in cf.items() if k.endswith(b"\xff\xff\xff\xff")}
+    assert [metas[c][:4] for c in sorted(metas)] == [b"EXM2", b"EXM2", b"EXM3"]
+    block = cf[tier._key(2, 0)]
+    assert Layout.decode(metas[2]).checksums[0] == codec.block_checksum(block) != zlib.crc32(block)
+    assert rows_of(t, np.concatenate(old)) == expected and t.get(new).data.num_rows == 20
+    store.close()
+
+    for chunk, ids in ((1, old[1]), (2, new)):
+        store = Catalog(tmp_path / "d")
+        t = store.table("t")
+        cf = store.db.cf[t._chunks.placement.ssd.family]
+        key = t._chunks.placement.ssd._key(chunk, 1)
+        value = bytearray(cf[key])
+        value[len(value) // 2] ^= 0x01
+        cf[key] = bytes(value)
+        with pytest.raises(DataLoss, match=f"table 't': SSD tier, table id 1, chunk {chunk}, block 1: "
+                                           f"checksum mismatch"):
+            t.get(ids)
+        store.close()
+
+
 def rows_of(table, ids) -> list[dict]:
     return table.get(ids).data.to_pylist()
 
@@ -458,13 +514,16 @@ def rows_of(table, ids) -> list[dict]:
 def test_blocks_reject_damage():
     batch = trajectories(2, tokens=16).to_batches()[0]
     data = codec.encode_block(batch)
-    crc = zlib.crc32(data)
+    crc = codec.block_checksum(data)
     assert codec.decode_block(data, batch.schema, "x", crc).equals(batch)
+    assert codec.decode_block(data, batch.schema, "x", zlib.crc32(data), "crc32").equals(batch)
     flipped = bytearray(data)
     flipped[len(data) // 2] ^= 1
     for bad in (data[:-3], data[:5], b"nonsense", bytes(flipped)):
         with pytest.raises(DataLoss):
             codec.decode_block(bad, batch.schema, "x", crc)
+        with pytest.raises(DataLoss):
+            codec.decode_block(bad, batch.schema, "x", zlib.crc32(data), "crc32")
     for bad in (data[:-3], data[:5], b"nonsense"):  # the IPC framing, even without a checksum
         with pytest.raises(DataLoss):
             codec.decode_block(bad, batch.schema, "x")
