@@ -20,7 +20,7 @@ same run where one exists:
    A remote read promotes whole chunks into memory, so: the first sample (cold), the
    steady state after it (cache larger than the data), and with a 1 MiB cache (every
    sample cold).
-3. the SSD tier's blocks (``codec.encode_block``/``decode_block``: IPC messages; the CRC32
+3. the SSD tier's blocks (``codec.encode_block``/``decode_block``: IPC messages; the CRC32C
    check on decode) against one whole-batch IPC stream with Arrow's zstd (``_ipc_stream``):
    MB/s of Arrow bytes, on one 256-row batch whole and in the SSD tier's ~64 KiB blocks,
    realistic tokens vs the uniform tokens of ``expstore.synthetic``; the ratio of the
