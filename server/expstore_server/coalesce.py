@@ -11,6 +11,9 @@ Arrow bytes; at least one call) and commits them on one engine thread, as one
 ``prepare_insert`` and one ``try_insert``; each call then gets its own answer: its rows'
 ids and counts, as if it had been committed alone. While a group is being committed the
 next calls queue up, so groups grow with the load and a lone call waits for nobody.
+Groups are committed one at a time, not pipelined: preparing the next group on a second
+engine thread while one is written made inserts slower here, since the RocksDB write
+holds the GIL (expstore/tiers/rocks.py, "Cost of a write").
 A call's record batches become one (a copy of at most ``max_bytes``): a client's batcher
 sends hundreds, each of which would otherwise be a chunk and a write of its own (measured,
 one call of 125 x 8 rows: 200-260 ms prepared as sent, 7-16 ms as one batch).
