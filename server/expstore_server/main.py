@@ -78,6 +78,27 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
+def limit_malloc_arenas(arenas: int) -> bool:
+    """Cap glibc's malloc arenas at ``arenas`` for the whole process (0: leave glibc's
+    default); call it before the server starts its threads.
+
+    glibc gives new threads arenas of their own, up to 8 per core, and
+    each arena keeps the memory freed in it (all the more with ``keep_freed_memory``): the
+    gRPC, RocksDB and engine threads left ~20 MB each mapped and mostly empty. Measured
+    here, 8,192 items of ~36 KiB in a memory table: RSS 1.21-1.28x the Arrow payload with
+    glibc's default, 1.11-1.12x with 2 arenas, 1.08-1.09x with 1. Python's own objects
+    are allocated under the GIL, so few threads contend for malloc at once. A no-op off glibc.
+    """
+    if arenas <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_arena_max = -8
+    return bool(libc.mallopt(m_arena_max, arenas))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expstore-server", description="expstore experience server")
     p.add_argument("--config", help="TOML config file (docs/config.md)")
@@ -274,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     except ExpstoreError as e:
         print(f"expstore-server: {e}", file=sys.stderr)
         return 2
+    limit_malloc_arenas(cfg.malloc_arenas)
     if cfg.keep_freed_memory:
         keep_freed_memory()
     handler = logging.StreamHandler(sys.stderr)
