@@ -5,7 +5,9 @@ consecutive rows is one zero-copy slice. Otherwise rows of long lists (token seq
 are sliced run by run, and rows of short ones taken with one ``take`` per segment of 16 or
 more (Arrow's take of long lists builds an index per value: 16 ms for 256 rows of 36 KiB
 against 4 ms sliced; for 300 B rows a take costs about ten slices). The pieces are
-concatenated once: a single copy of the output. ``Table.take`` over the chunked table
+concatenated once: a single copy of the output. Pieces of chunks stored with shared
+prompt prefixes (prefixes.py) are rebuilt into whole rows first (a copy of their
+per-token columns), so callers always get the table's rows. ``Table.take`` over the chunked table
 concatenates every chunk first (128 ms); measured again on pyarrow 26, one ``Table.take``
 over just the chunks a sample touches is no faster anywhere: 256 random rows of 300 B
 from 800 chunks 9.0 ms against 8.2 ms here, from 4 chunks 0.65 against 0.92, and of
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
+from .prefixes import whole_rows
 
 TAKE_BELOW_ROW_BYTES = 2048  # rows smaller than this are taken, larger ones sliced ...
 TAKE_FROM_ROWS = 16          # ... when a segment has this many (a take costs ~10 slices)
@@ -48,4 +52,5 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
             parts.append(batch.take(pa.array(rows[start:end])))
         else:
             parts.extend(batch.slice(int(rows[a]), b - a) for a, b in zip(run_bounds[r0:r1], run_bounds[r0 + 1:r1 + 1]))
+    parts = [whole_rows(p) for p in parts]
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)

@@ -24,6 +24,7 @@ from .archive import Archive
 from .chunks import ChunkStore
 from .errors import DataLoss, ExpstoreError
 from .gather import take_rows
+from .prefixes import whole_rows
 from .records import ArchiveExpired, Archived, Compacted, Demoted
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class Mover:
                 for c in chosen:
                     if table.closed:
                         return 0
-                    checksums[c] = placement.remote.put(c, batches[c])
+                    checksums[c] = placement.remote.put(c, whole_rows(batches[c]))
             with table.lock:
                 if not table.closed:  # (a dropped table's journal is gone)
                     done = placement.demotion_record(chosen, [batches[c].num_rows for c in chosen])

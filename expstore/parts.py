@@ -90,7 +90,8 @@ class Parts:
             RocksTier(backing.db, backing.table_id) if durable else None,
             backing.remote(spec.name) if remote else None,
             ssd_budget=spec.ssd_bytes,
-            checksums=RemoteChecksums(backing.db, backing.table_id) if remote else None))
+            checksums=RemoteChecksums(backing.db, backing.table_id) if remote else None,
+            share_prefixes=spec.share_prefixes))
         return cls(
             index=ItemIndex(), tasks=tasks, groups=Codebook(),
             sampler=make_sampler(spec.sampler, tasks), remover=make_remover(spec.remover),

@@ -14,6 +14,11 @@ pinned is deleted when its last reader finishes. Volatile tables (memory only) k
 issue-2 contract: the memory budget is a hard limit. Not thread-safe: the table holds
 its lock around every method but ``stage`` and ``fetch``.
 
+With ``share_prefixes`` a chunk is stored as ``prefixes.share`` makes it (each distinct
+prompt prefix of its rows once) in memory and on the SSD; ``fetch`` and ``get`` hand out
+batches in that form, which ``gather.take_rows`` turns back into whole rows. The remote
+tier holds whole rows (``prefixes.whole_rows`` as a chunk is demoted).
+
 Every read from the SSD or remote tier is verified (RocksDB's block checksums and our
 block CRCs; the remote chunks' per-column checksums in ``checksums``, recorded when they
 are demoted): damage raises DataLoss with the chunks and rows it found, which the table
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from . import prefixes
 from .errors import DataLoss, NotFound
 from .tiers.checksums import RemoteChecksums
 from .tiers.base import UNBOUNDED
@@ -64,8 +70,10 @@ class Placement:
     name = "placement"
 
     def __init__(self, memory: MemoryTier, ssd: RocksTier | None = None, remote=None,
-                 ssd_budget: int = 1 << 62, first_chunk: int = 0, checksums: RemoteChecksums | None = None) -> None:
+                 ssd_budget: int = 1 << 62, first_chunk: int = 0, checksums: RemoteChecksums | None = None,
+                 share_prefixes: bool = False) -> None:
         self.memory, self.ssd, self.remote = memory, ssd, remote
+        self.share_prefixes = share_prefixes  # chunks store their rows' prompt prefixes once
         self.checksums = checksums  # of the remote chunks (with a remote tier)
         self.undemotable: set[int] = set()  # chunks with a damaged SSD block
         self.ssd_budget = ssd_budget
@@ -102,6 +110,8 @@ class Placement:
         return self._write(self._new_id(), batch, durability)
 
     def _write(self, chunk_id: int, batch: pa.RecordBatch, durability: str) -> Staged:
+        if self.share_prefixes:
+            batch = prefixes.share(batch)
         staged = Staged(chunk_id, batch, volatile=durability == "memory")
         if self.ssd is not None:
             wb, staged.layout = self.ssd.encode(staged.chunk_id, batch)

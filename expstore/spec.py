@@ -215,6 +215,9 @@ class TableSpec:
     retention_s, retention_bytes: the total window (``archive = true``): an archive
         fragment is deleted once its newest row was inserted this long ago, and the
         oldest fragments while the live bytes plus the archive's exceed this.
+    share_prefixes: tables with ``tokens`` and ``loss_mask``: each chunk stores the
+        distinct prompt prefixes of its rows once (expstore/prefixes.py); samples still
+        return whole rows. False: every row stores its own prompt.
     """
 
     name: str
@@ -244,6 +247,7 @@ class TableSpec:
     hot_retention_bytes: int | None = None
     retention_s: float | None = None
     retention_bytes: int | None = None
+    share_prefixes: bool = True
 
     def __post_init__(self) -> None:
         names.check_table(self.name)
@@ -254,6 +258,7 @@ class TableSpec:
         _require(self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be >= 0")
         _require(self.memory_bytes >= 1, "memory_bytes must be >= 1")
         _require(self.dedup_window >= 0, "dedup_window must be >= 0")
+        _require(isinstance(self.share_prefixes, bool), "share_prefixes must be true or false")
         if self.tiers is not None:
             _one_of("tiers", self.tiers, TIERS)
         if self.durability is not None:

@@ -21,7 +21,9 @@ chunk. The block size trades the two paths: each block costs the insert a fixed 
 encode as IPC (nested columns; ~140 us with its put and CRC) and a random read of one row
 costs its block's bytes (blob read, LZ4, copy: ~750 MB/s here). Measured on 256 rows of
 36 KiB: one-row blocks 36 ms to encode, 13 ms to read 256 random rows; two-row blocks
-(72 KiB) 18 ms and 23 ms; 8-row blocks 7 ms and 65 ms. Blocks are Arrow IPC messages as they are (``codec``): values of at
+(72 KiB) 18 ms and 23 ms; 8-row blocks 7 ms and 65 ms. A chunk stored with shared prompt
+prefixes (prefixes.py) keeps them in each block that uses them (``prefixes.compact``): a
+block is read on its own. Blocks are Arrow IPC messages as they are (``codec``): values of at
 least MIN_BLOB_BYTES go to RocksDB's blob files, which keep them out of compactions and
 compress them (LZ4) when a memtable is flushed, in RocksDB's background threads, so an
 insert pays only the write-ahead log and the memtable. LZ4, not zstd: measured here on
@@ -83,7 +85,7 @@ import pyarrow as pa
 from rocksdict import (BlockBasedOptions, Cache, Checkpoint, CompactOptions, DBCompressionType, Options, Rdict,
                        ReadOptions, WriteBatch, WriteOptions)
 
-from .. import codec
+from .. import codec, prefixes
 from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from .base import UNBOUNDED
 
@@ -583,7 +585,7 @@ class RocksTier:
         size = 0
         h = self.db.handle[self._cf]
         for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
-            value = codec.encode_block(batch.slice(lo, hi - lo))
+            value = codec.encode_block(prefixes.compact(batch.slice(lo, hi - lo)))
             checksums[b] = codec.block_checksum(value)
             wb.put(self._key(chunk_id, b), value, h)
             size += len(value)

@@ -1,0 +1,211 @@
+"""Shared prompt prefixes: the rows of a chunk store each distinct prompt once.
+
+The members of a GRPO group (and any rows sent for the same prompt) repeat the prompt's
+tokens, and with them the prompt's part of every per-token column: a group of 16 with a
+2,048-token prompt and 512-token answers is 80% prompt. A chunk stores them once:
+
+    stored column  tokens: struct<prefix: list_view<int32>, rest: list<int32>>
+                             prefix ── offset, size ──> one buffer of the chunk's distinct prompts
+                             rest   ── the row's tokens after its prompt (a copy of its own)
+
+The prompt of a row is the tokens before its first ``loss_mask`` 1 (its whole length if
+none: ``prompt_lengths``), the same cut the ``group_prefix`` ingest check compares. Every
+per-token column (``PER_TOKEN``: tokens, loss_mask, logprobs, ...) is split at that length
+and its prefixes are content-addressed on their own: rows share a prefix exactly when its
+bytes are equal (a dict keyed by the bytes themselves, so equality is exact, not a hash
+match), whatever their group or prompt_id. So the prompt's loss_mask zeros and its
+logprobs (zeros, as engines report none for the prompt) are shared too, and rows whose
+prompts differ simply keep their own. A column is left as it is (a plain list) where
+sharing would not save bytes, where its values hold nulls, and in chunks without
+``tokens`` and ``loss_mask``; a null row stays null.
+
+``share`` turns a batch of whole rows into its stored form (the placement calls it as a
+chunk is written: the memory tier holds it, the SSD tier's blocks are encoded from it),
+``whole_rows`` turns any slice or take of a stored batch back into exactly the rows that
+were shared (``gather.take_rows`` calls it on every piece it copies, so samples, streams,
+scans, compactions and the archive see whole rows; a batch of whole rows, e.g. a chunk
+written before this existed or read from the remote tier, passes through untouched), and
+``compact`` keeps a slice's prefix buffer to the prompts its rows use (an IPC message of a
+sliced list view carries its whole values buffer: an SSD block would otherwise store
+every prompt of the chunk). Stored columns are marked by field metadata (``MARK``), so
+that a user's struct column is never mistaken for one. Pure functions: thread-safe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+MARK = b"expstore.shared_prefix"
+PER_TOKEN = ("tokens", "loss_mask", "logprobs", "token_policy_version", "advantages", "values")
+"""Columns with one value per token (validation keeps their lengths equal to tokens')."""
+
+
+def share(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with each per-token column's distinct prompt prefixes stored once (the
+    same batch when nothing would be saved). O(rows + values); one copy of the answers."""
+    names = batch.schema.names
+    if "tokens" not in names or "loss_mask" not in names:
+        return batch
+    prompt = prompt_lengths(batch.column("loss_mask"))
+    if prompt is None or not prompt.any():
+        return batch
+    fields, columns, changed = list(batch.schema), list(batch.columns), False
+    for i, f in enumerate(fields):
+        if f.name in PER_TOKEN and _splittable(f.type):
+            stored = _share_column(columns[i], prompt)
+            if stored is not None:
+                columns[i], changed = stored, True
+                fields[i] = pa.field(f.name, stored.type, f.nullable, {**(f.metadata or {}), MARK: b"1"})
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, batch.schema.metadata)) if changed else batch
+
+
+def is_shared(schema: pa.Schema) -> bool:
+    """Whether a batch of this schema has a column stored with shared prefixes."""
+    return any(f.metadata and MARK in f.metadata for f in schema)
+
+
+def whole_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The whole rows of a stored batch (or slice, or take of one): each marked column
+    rebuilt as its original list (a copy); other columns are the batch's own."""
+    if not is_shared(batch.schema):
+        return batch
+    fields, columns = list(batch.schema), list(batch.columns)
+    for i, f in enumerate(fields):
+        if f.metadata and MARK in f.metadata:
+            columns[i] = _whole_column(columns[i])
+            meta = {k: v for k, v in f.metadata.items() if k != MARK}
+            fields[i] = pa.field(f.name, columns[i].type, f.nullable, meta or None)
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, batch.schema.metadata))
+
+
+def compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A slice of a stored batch whose prefix buffers hold only the prompts its rows use
+    (what to serialize it from); other batches as they are."""
+    if not is_shared(batch.schema):
+        return batch
+    columns = list(batch.columns)
+    for i, f in enumerate(batch.schema):
+        if f.metadata and MARK in f.metadata:
+            s = columns[i]
+            prefix = s.field(0)
+            offsets, sizes = _np(prefix.offsets), _np(prefix.sizes)
+            used = np.flatnonzero(sizes)
+            starts, first = np.unique(offsets[used], return_index=True)
+            lengths = sizes[used][first]
+            kept = _np(prefix.values)[_ranges(starts, lengths)]
+            new_starts = np.zeros(len(starts), np.int64)
+            np.cumsum(lengths[:-1], out=new_starts[1:])
+            new_offsets = np.zeros(len(offsets), np.int64)
+            new_offsets[used] = new_starts[np.searchsorted(starts, offsets[used])]
+            prefix = pa.ListViewArray.from_arrays(pa.array(new_offsets, pa.int32()), pa.array(sizes, pa.int32()),
+                                                  pa.array(kept, prefix.type.value_type), type=prefix.type)
+            columns[i] = pa.StructArray.from_arrays([prefix, s.field(1)], fields=list(s.type),
+                                                    mask=_null_mask(s))
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
+def prompt_lengths(loss_mask: pa.Array) -> np.ndarray | None:
+    """Tokens before each row's first loss_mask 1 (its length if none; 0 for a null row);
+    None if the mask's values hold nulls."""
+    if loss_mask.values.null_count:
+        return None
+    starts, ends = _bounds(loss_mask)
+    ones = np.flatnonzero(_np(loss_mask.values) == 1)
+    at = np.append(ones, ends[-1] if len(ends) else 0)[np.searchsorted(ones, starts)]
+    out = np.minimum(at, ends) - starts
+    out[~_valid(loss_mask)] = 0
+    return out
+
+
+# -- internals ----------------------------------------------------------------------------
+
+def _splittable(t: pa.DataType) -> bool:
+    """A list of fixed-width numbers (their bytes are their content)."""
+    return pa.types.is_list(t) and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type))
+
+
+def _share_column(column: pa.ListArray, prompt: np.ndarray) -> pa.StructArray | None:
+    """The stored form of one per-token column, or None where it would not save bytes."""
+    if column.values.null_count:
+        return None
+    values = _np(column.values)
+    starts, ends = _bounds(column)
+    valid = _valid(column)
+    cut = np.where(valid, np.minimum(prompt, ends - starts), 0)
+    ids: dict[bytes, int] = {}  # prefix bytes -> its index among the distinct ones
+    ref = np.zeros(len(cut), np.int64)
+    firsts = []  # the first row holding each distinct prefix
+    for r in np.flatnonzero(cut).tolist():
+        j = ids.setdefault(values[starts[r]:starts[r] + cut[r]].tobytes(), len(ids))
+        if j == len(firsts):
+            firsts.append(r)
+        ref[r] = j
+    firsts = np.array(firsts, np.int64)
+    lengths = cut[firsts]
+    saved = (int(cut.sum()) - int(lengths.sum())) * values.itemsize
+    if saved <= 8 * len(cut):  # a list view costs an offset and a size per row
+        return None
+    distinct_at = np.zeros(len(firsts), np.int64)
+    np.cumsum(lengths[:-1], out=distinct_at[1:])
+    prefix_values = values[_ranges(starts[firsts], lengths)]
+    view_type = pa.list_view(column.type.value_field)
+    prefix = pa.ListViewArray.from_arrays(pa.array(np.where(cut > 0, distinct_at[ref], 0), pa.int32()),
+                                          pa.array(cut, pa.int32()), pa.array(prefix_values, column.type.value_type),
+                                          type=view_type)
+    rest_lengths = np.where(valid, ends - starts - cut, 0)
+    rest_offsets = np.zeros(len(cut) + 1, np.int64)
+    np.cumsum(rest_lengths, out=rest_offsets[1:])
+    rest_values = values[_ranges(starts + cut, rest_lengths)]
+    mask = None if valid.all() else pa.array(~valid)
+    rest = pa.ListArray.from_arrays(pa.array(rest_offsets, pa.int32()), pa.array(rest_values, column.type.value_type),
+                                    type=column.type, mask=mask)
+    return pa.StructArray.from_arrays([prefix, rest], fields=[pa.field("prefix", view_type), pa.field("rest", column.type)],
+                                      mask=mask)
+
+
+def _whole_column(stored: pa.StructArray) -> pa.ListArray:
+    prefix, rest = stored.field(0), stored.field(1)
+    valid = _valid(stored)
+    p_at, p_len = _np(prefix.offsets).astype(np.int64), np.where(valid, _np(prefix.sizes), 0)
+    r_at, r_end = _bounds(rest)
+    r_len = np.where(valid, r_end - r_at, 0)
+    offsets = np.zeros(len(valid) + 1, np.int64)
+    np.cumsum(p_len + r_len, out=offsets[1:])
+    p_values, r_values = _np(prefix.values), _np(rest.values)
+    out = np.empty(int(offsets[-1]), dtype=r_values.dtype)
+    out[_ranges(offsets[:-1], p_len)] = p_values[_ranges(p_at, p_len)]
+    out[_ranges(offsets[:-1] + p_len, r_len)] = r_values[_ranges(r_at, r_len)]
+    list_type = rest.type
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(out, list_type.value_type),
+                                    type=list_type, mask=None if valid.all() else pa.array(~valid))
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices ``starts[i] .. starts[i] + lengths[i]``, concatenated."""
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(lengths)
+    return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, np.int64) - (ends - lengths), lengths)
+
+
+def _bounds(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's [start, end) in ``column.values`` (a slice's offsets do not start at 0)."""
+    offsets = _np(column.offsets).astype(np.int64)
+    return offsets[:-1], offsets[1:]
+
+
+def _valid(column: pa.Array) -> np.ndarray:
+    if column.null_count == 0:
+        return np.ones(len(column), bool)
+    return column.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _null_mask(column: pa.Array) -> pa.Array | None:
+    return None if column.null_count == 0 else column.is_null()
+
+
+def _np(array: pa.Array) -> np.ndarray:
+    return array.to_numpy(zero_copy_only=False)
