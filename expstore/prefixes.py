@@ -16,7 +16,8 @@ bytes are equal (a dict keyed by the bytes themselves, so equality is exact, not
 match), whatever their group or prompt_id. So the prompt's loss_mask zeros and its
 logprobs (zeros, as engines report none for the prompt) are shared too, and rows whose
 prompts differ simply keep their own. A column is left as it is (a plain list) where
-sharing would not save bytes, where its values hold nulls, and in chunks without
+sharing would save less than MIN_SAVED_BYTES, where its values hold nulls, and in chunks
+without
 ``tokens`` and ``loss_mask``; a null row stays null.
 
 ``share`` turns a batch of whole rows into its stored form (the placement calls it as a
@@ -39,6 +40,9 @@ import pyarrow as pa
 MARK = b"expstore.shared_prefix"
 PER_TOKEN = ("tokens", "loss_mask", "logprobs", "token_policy_version", "advantages", "values")
 """Columns with one value per token (validation keeps their lengths equal to tokens')."""
+MIN_SAVED_BYTES = 4096
+"""A column is shared only where that saves this much in its chunk: below it, the larger
+schema every SSD chunk keeps and the copy that rebuilds the rows are not worth it."""
 
 
 def share(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -144,7 +148,7 @@ def _share_column(column: pa.ListArray, prompt: np.ndarray) -> pa.StructArray | 
     firsts = np.array(firsts, np.int64)
     lengths = cut[firsts]
     saved = (int(cut.sum()) - int(lengths.sum())) * values.itemsize
-    if saved <= 8 * len(cut):  # a list view costs an offset and a size per row
+    if saved < max(MIN_SAVED_BYTES, 8 * len(cut)):  # a list view costs an offset and a size per row
         return None
     distinct_at = np.zeros(len(firsts), np.int64)
     np.cumsum(lengths[:-1], out=distinct_at[1:])

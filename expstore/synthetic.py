@@ -14,9 +14,12 @@ from .schema import TRAJECTORY_V1
 
 def trajectories(n: int, *, tokens: int | tuple[int, int] = 64, prompt_tokens: int = 8,
                  groups: int | None = None, tasks: tuple[str, ...] = ("math",), policy_version: int = 0,
-                 reward: np.ndarray | None = None, seed: int = 0, id_prefix: str = "traj") -> pa.Table:
+                 reward: np.ndarray | None = None, seed: int = 0, id_prefix: str = "traj",
+                 shared_prompts: bool = False) -> pa.Table:
     """n rows; ``tokens`` is a length or a (low, high) range; with ``groups``, rows are
-    spread round-robin over that many GRPO groups of size n // groups."""
+    spread round-robin over that many GRPO groups of size n // groups. With
+    ``shared_prompts``, rows of one prompt_id (a group's members) have the same prompt
+    tokens, as a GRPO group's do; otherwise every token is drawn at random."""
     rng = np.random.default_rng(seed)
     if isinstance(tokens, tuple):
         lengths = rng.integers(tokens[0], tokens[1] + 1, n)
@@ -33,6 +36,12 @@ def trajectories(n: int, *, tokens: int | tuple[int, int] = 64, prompt_tokens: i
     def lists(values: np.ndarray) -> pa.ListArray:
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
+    tokens = rng.integers(0, 50_000, total, dtype=np.int32)
+    prompts = np.arange(n) % max(groups or n, 1)  # each row's prompt
+    if shared_prompts:
+        table = rng.integers(0, 50_000, (max(groups or n, 1), prompt_tokens), dtype=np.int32)
+        at = position < prompt_tokens
+        tokens[at] = table[np.repeat(prompts, lengths)[at], position[at]]
     ids = np.char.add(f"{id_prefix}-", np.arange(n).astype(str))
     if groups:
         group_size = n // groups
@@ -47,11 +56,11 @@ def trajectories(n: int, *, tokens: int | tuple[int, int] = 64, prompt_tokens: i
                      type=turns_type) if n <= 4096 else pa.nulls(n, turns_type)
     columns = {
         "traj_id": pa.array(ids),
-        "prompt_id": pa.array(np.char.add("prompt-", (np.arange(n) % max(groups or n, 1)).astype(str))),
+        "prompt_id": pa.array(np.char.add("prompt-", prompts.astype(str))),
         "group_id": group_id,
         "group_size": group_sizes,
         "task": pa.array(np.array(tasks)[np.arange(n) % len(tasks)]),
-        "tokens": lists(rng.integers(0, 50_000, total, dtype=np.int32)),
+        "tokens": lists(tokens),
         "loss_mask": lists(mask),
         "logprobs": lists(logprobs),
         "policy_version": pa.array(np.full(n, policy_version, dtype=np.int64)),
