@@ -17,8 +17,7 @@ match), whatever their group or prompt_id. So the prompt's loss_mask zeros and i
 logprobs (zeros, as engines report none for the prompt) are shared too, and rows whose
 prompts differ simply keep their own. A column is left as it is (a plain list) where
 sharing would save less than MIN_SAVED_BYTES, where its values hold nulls, and in chunks
-without
-``tokens`` and ``loss_mask``; a null row stays null.
+without ``tokens`` and ``loss_mask``; a null row stays null.
 
 ``share`` turns a batch of whole rows into its stored form (the placement calls it as a
 chunk is written: the memory tier holds it, the SSD tier's blocks are encoded from it),
@@ -27,8 +26,8 @@ were shared (``gather.take_rows`` calls it on every piece it copies, so samples,
 scans, compactions and the archive see whole rows; a batch of whole rows, e.g. a chunk
 written before this existed or read from the remote tier, passes through untouched), and
 ``compact`` keeps a slice's prefix buffer to the prompts its rows use (an IPC message of a
-sliced list view carries its whole values buffer: an SSD block would otherwise store
-every prompt of the chunk). Stored columns are marked by field metadata (``MARK``), so
+sliced list view carries every value from its lowest offset to its highest end: an SSD
+block whose rows use a chunk's first and last prompts would store all of them). Stored columns are marked by field metadata (``MARK``), so
 that a user's struct column is never mistaken for one. Pure functions: thread-safe.
 """
 
