@@ -5,9 +5,12 @@ consecutive rows is one zero-copy slice. Otherwise rows of long lists (token seq
 are sliced run by run, and rows of short ones taken with one ``take`` per segment of 16 or
 more (Arrow's take of long lists builds an index per value: 16 ms for 256 rows of 36 KiB
 against 4 ms sliced; for 300 B rows a take costs about ten slices). The pieces are
-concatenated once: a single copy of the output. Pieces of chunks stored with shared
-prompt prefixes (prefixes.py) are rebuilt into whole rows first (a copy of their
-per-token columns), so callers always get the table's rows. ``Table.take`` over the chunked table
+concatenated once: a single copy of the output. From chunks stored with shared prompt
+prefixes (prefixes.py), the other columns are gathered so, and each shared column is
+copied once, row by row, from the chunks' prompt and answer buffers into whole rows
+(``prefixes.take_whole``; rebuilding each slice instead cost ~1 ms of fixed overheads a
+piece: a 256-row sample of 2,560-token rows took 25x longer), so callers always get the
+table's rows. ``Table.take`` over the chunked table
 concatenates every chunk first (128 ms); measured again on pyarrow 26, one ``Table.take``
 over just the chunks a sample touches is no faster anywhere: 256 random rows of 300 B
 from 800 chunks 9.0 ms against 8.2 ms here, from 4 chunks 0.65 against 0.92, and of
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .prefixes import whole_rows
+from .prefixes import MARK, is_shared, take_whole, whole_rows
 
 TAKE_BELOW_ROW_BYTES = 2048  # rows smaller than this are taken, larger ones sliced ...
 TAKE_FROM_ROWS = 16          # ... when a segment has this many (a take costs ~10 slices)
@@ -32,6 +35,10 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
     n = len(chunks)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)
+    used = [batches[c] for c in np.unique(chunks).tolist()]
+    mixed = any(is_shared(b.schema) for b in used)  # chunks stored with shared prefixes
+    if mixed and all(b.schema.equals(used[0].schema, check_metadata=True) for b in used):
+        return _take_shared(batches, chunks, rows, used[0].schema)
     # Boundaries, computed once for the whole selection: segments (a new chunk) and runs
     # (a new chunk, or a row that does not follow the previous one).
     new_chunk = np.empty(n, dtype=bool)
@@ -52,5 +59,28 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
             parts.append(batch.take(pa.array(rows[start:end])))
         else:
             parts.extend(batch.slice(int(rows[a]), b - a) for a, b in zip(run_bounds[r0:r1], run_bounds[r0 + 1:r1 + 1]))
-    parts = [whole_rows(p) for p in parts]
+    if mixed:  # chunks stored in different forms (rare): rebuild each piece
+        parts = [whole_rows(p) for p in parts]
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+
+
+def _take_shared(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.ndarray,
+                 stored: pa.Schema) -> pa.RecordBatch:
+    """``take_rows`` of chunks all stored in one shared-prefix form: the other columns as
+    ``take_rows`` gathers them, each shared one rebuilt by ``prefixes.take_whole``."""
+    shared = [f.name for f in stored if f.metadata and MARK in f.metadata]
+    others = take_rows({k: b.drop_columns(shared) for k, b in batches.items()}, chunks, rows,
+                       pa.schema([f for f in stored if f.name not in shared]))
+    starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]).tolist() + [len(chunks)]
+    whole = {name: take_whole([(batches[int(chunks[a])].column(name), rows[a:b])
+                               for a, b in zip(starts[:-1], starts[1:])]) for name in shared}
+    fields, columns = [], []
+    for f in stored:
+        if f.name in whole:
+            meta = {k: v for k, v in f.metadata.items() if k != MARK}
+            fields.append(pa.field(f.name, whole[f.name].type, f.nullable, meta or None))
+            columns.append(whole[f.name])
+        else:
+            fields.append(f)
+            columns.append(others.column(f.name))
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, stored.metadata))

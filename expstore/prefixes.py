@@ -39,6 +39,7 @@ import pyarrow as pa
 MARK = b"expstore.shared_prefix"
 PER_TOKEN = ("tokens", "loss_mask", "logprobs", "token_policy_version", "advantages", "values")
 """Columns with one value per token (validation keeps their lengths equal to tokens')."""
+COPY_BY_INDEX_BELOW = 64  # pieces shorter than this (on average) are gathered by index
 MIN_SAVED_BYTES = 4096
 """A column is shared only where that saves this much in its chunk: below it, the larger
 schema every SSD chunk keeps and the copy that rebuilds the rows are not worth it."""
@@ -80,6 +81,32 @@ def whole_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
             meta = {k: v for k, v in f.metadata.items() if k != MARK}
             fields[i] = pa.field(f.name, columns[i].type, f.nullable, meta or None)
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, batch.schema.metadata))
+
+
+def take_whole(pieces: list[tuple[pa.StructArray, np.ndarray]]) -> pa.ListArray:
+    """Rows ``rows`` of each stored column ``column`` of ``pieces``, in order, as one
+    whole column: the gather of a sample, copied once, straight from the chunks' buffers."""
+    parts = []
+    for stored, rows in pieces:
+        prefix, rest = stored.field(0), stored.field(1)
+        valid = _valid(stored)[rows]
+        r_at, r_end = _bounds(rest)
+        parts.append((_np(prefix.values), _np(prefix.offsets)[rows], np.where(valid, _np(prefix.sizes)[rows], 0),
+                      _np(rest.values), r_at[rows], np.where(valid, r_end[rows] - r_at[rows], 0), valid))
+    lengths = np.concatenate([p_len + r_len for _, _, p_len, _, _, r_len, _ in parts])
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    list_type = pieces[0][0].type.field(1).type
+    out = np.empty(int(offsets[-1]), dtype=_np(pieces[0][0].field(1).values).dtype)
+    row = 0
+    for p_values, p_at, p_len, r_values, r_at, r_len, _ in parts:
+        to = offsets[row:row + len(p_at)]
+        _copy(out, to, p_values, p_at, p_len)
+        _copy(out, to + p_len, r_values, r_at, r_len)
+        row += len(p_at)
+    valid = np.concatenate([v for *_, v in parts])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(out, list_type.value_type),
+                                    type=list_type, mask=None if valid.all() else pa.array(~valid))
 
 
 def compact(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -168,20 +195,18 @@ def _share_column(column: pa.ListArray, prompt: np.ndarray) -> pa.StructArray | 
 
 
 def _whole_column(stored: pa.StructArray) -> pa.ListArray:
-    prefix, rest = stored.field(0), stored.field(1)
-    valid = _valid(stored)
-    p_at, p_len = _np(prefix.offsets).astype(np.int64), np.where(valid, _np(prefix.sizes), 0)
-    r_at, r_end = _bounds(rest)
-    r_len = np.where(valid, r_end - r_at, 0)
-    offsets = np.zeros(len(valid) + 1, np.int64)
-    np.cumsum(p_len + r_len, out=offsets[1:])
-    p_values, r_values = _np(prefix.values), _np(rest.values)
-    out = np.empty(int(offsets[-1]), dtype=r_values.dtype)
-    out[_ranges(offsets[:-1], p_len)] = p_values[_ranges(p_at, p_len)]
-    out[_ranges(offsets[:-1] + p_len, r_len)] = r_values[_ranges(r_at, r_len)]
-    list_type = rest.type
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(out, list_type.value_type),
-                                    type=list_type, mask=None if valid.all() else pa.array(~valid))
+    return take_whole([(stored, np.arange(len(stored)))])
+
+
+def _copy(out: np.ndarray, to: np.ndarray, values: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> None:
+    """``out[to[i]:][:lengths[i]] = values[at[i]:][:lengths[i]]`` for every i: a slice copy
+    each when pieces are long (a memcpy; an index per value costs ~10x more: 28 ms against
+    3 ms for a 256-row sample of 2,560-token rows), else one gather through an index."""
+    if len(lengths) * COPY_BY_INDEX_BELOW > lengths.sum():
+        out[_ranges(to, lengths)] = values[_ranges(at, lengths)]
+        return
+    for d, a, k in zip(to.tolist(), at.tolist(), lengths.tolist()):
+        out[d:d + k] = values[a:a + k]
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
