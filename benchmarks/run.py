@@ -1,6 +1,6 @@
 """``make bench``: run every benchmark, print the tables, write bench-results/latest.json.
 
-``python -m benchmarks.run [--quick] [--only wire,memory,engine,concurrency,tiers,sharding] [--json PATH]``
+``python -m benchmarks.run [--quick] [--only wire,memory,engine,concurrency,tiers,sharding,prefixes] [--json PATH]``
 
 Each benchmark module runs in its own subprocess (``python -m benchmarks.X``, which
 prints JSON), so every measurement starts from a fresh process, and the wire and memory
@@ -25,13 +25,13 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from . import agentic_scale, report, sharding, tiers
+from . import agentic_scale, prefixes, report, sharding, tiers
 
 GLIBC = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 ENVS = {"default": {}, "glibc": GLIBC}
 JOBS = [("wire", "default"), ("wire", "glibc"), ("memory", "default"), ("memory", "glibc"),
         ("engine", "default"), ("concurrency", "default"), ("tiers", "default"), ("sharding", "default"),
-        ("agentic_scale", "default")]
+        ("agentic_scale", "default"), ("prefixes", "default")]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,7 +48,7 @@ def run_job(module: str, env_name: str, quick: bool, timeout: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="benchmarks.run", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a 1-2 minute smoke run")
-    p.add_argument("--only", help="comma-separated subset of: wire, memory, engine, concurrency, tiers, sharding")
+    p.add_argument("--only", help="comma-separated subset of: wire, memory, engine, concurrency, tiers, sharding, prefixes")
     p.add_argument("--json", type=Path, default=ROOT / "bench-results" / "latest.json")
     args = p.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n\n" + sharding.render(results["sharding"])
     if "agentic_scale" in results:
         text += "\n\n" + agentic_scale.render(results["agentic_scale"])
+    if "prefixes" in results:
+        text += "\n\n" + prefixes.render(results["prefixes"])
     print(text)
     report.write_json(results, args.json)
     print(f"\nJSON: {args.json}")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from expstore import prefixes
 from expstore.catalog import Catalog
 from expstore.chunks import ChunkStore
+from expstore.gather import take_rows
 from expstore.spec import TableSpec
 from expstore.synthetic import trajectories
 from expstore.table import Table
@@ -116,6 +117,21 @@ def test_an_ssd_block_keeps_only_the_prompts_its_rows_use():
     block = pa.ipc.read_record_batch(prefixes.compact(stored.slice(3, 2)).serialize(), stored.schema)
     assert len(block.column("tokens").field("prefix").values) == 2 * PROMPT
     assert prefixes.whole_rows(block).equals(b.slice(3, 2))
+
+
+@pytest.mark.parametrize("forms", ["shared", "mixed"])
+def test_take_rows_returns_whole_rows_from_shared_and_mixed_chunks(forms):
+    chunks = {k: batch(group(seed=k, prefix=f"g{k}")) for k in range(3)}
+    stored = {k: b if forms == "mixed" and k == 1 else prefixes.share(b) for k, b in chunks.items()}
+    rng = np.random.default_rng(0)
+    picks_chunk, picks_row = rng.integers(0, 3, 64), rng.integers(0, GROUP, 64)
+    picks_chunk[:5], picks_row[:5] = 2, [3, 4, 5, 9, 0]  # a run and a jump in one segment
+    expected = pa.Table.from_batches([chunks[c].slice(r, 1) for c, r in zip(picks_chunk, picks_row)])
+    got = take_rows(stored, picks_chunk, picks_row, chunks[0].schema)
+    assert pa.Table.from_batches([got]).equals(expected.combine_chunks())
+    only = take_rows({k: b.select(["tokens", "loss_mask"]) for k, b in stored.items()}, picks_chunk, picks_row,
+                     chunks[0].schema)  # a read of some columns: all of them shared
+    assert pa.Table.from_batches([only]).equals(expected.select(["tokens", "loss_mask"]).combine_chunks())
 
 
 def test_batches_without_tokens_and_loss_mask_and_user_structs_are_left_alone():
