@@ -11,7 +11,8 @@ with ``share_prefixes`` off (the baseline) and on, in this one run:
 - the same durable table with ``memory_bytes = 1``: every sample reads SSD blocks.
 
 Timed per call with perf_counter (p50, p99, in ms): ``Table.insert`` of one group, and
-``Table.sample(256)`` (uniform) of whole rows, from each. Prints JSON.
+``Table.sample(256)`` (uniform) of whole rows, from each; the off and on tables' calls
+alternate, so that other load weighs on both alike. Prints JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from time import perf_counter
 
 import numpy as np
 
@@ -38,53 +40,55 @@ def _ms(times: list[float]) -> dict:
     return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
 
 
-def _timed(fn, calls: int) -> list[float]:
-    from time import perf_counter
-    fn()  # warm-up
-    out = []
-    for _ in range(calls):
-        t0 = perf_counter()
-        fn()
-        out.append(perf_counter() - t0)
-    return out
-
-
-def measure(kind: str, share: bool, groups: list, samples: int, root: Path) -> dict:
-    name = f"t{int(share)}"
-    spec = dict(name=name, share_prefixes=share, sampler=SamplerSpec("uniform"))
-    store = None
+def _table(kind: str, share: bool, root: Path) -> tuple[Table, Catalog | None]:
+    spec = dict(name=f"t{int(share)}", share_prefixes=share, sampler=SamplerSpec("uniform"))
     if kind == "memory table":
-        table = Table(TableSpec(tiers="memory", memory_bytes=8 << 30, **spec), seed=0)
-    else:
-        store = Catalog(root / f"{KINDS.index(kind)}-{name}", seed=0)
-        cold = kind.startswith("durable, cold")
-        table = store.create_table(TableSpec(tiers="ssd", memory_bytes=1 if cold else 8 << 30, **spec))
+        return Table(TableSpec(tiers="memory", memory_bytes=8 << 30, **spec), seed=0), None
+    store = Catalog(root / f"{KINDS.index(kind)}-{int(share)}", seed=0)
+    cold = kind.startswith("durable, cold")
+    return store.create_table(TableSpec(tiers="ssd", memory_bytes=1 if cold else 8 << 30, **spec)), store
+
+
+def measure(kind: str, groups: list, samples: int, root: Path) -> dict:
+    """Both tables of a kind, off and on, their calls interleaved (insert a group into
+    one, then the other; sample one, then the other), so that other load on the machine
+    weighs on both alike."""
+    tables = {share: _table(kind, share, root) for share in (False, True)}
+    times = {share: {"insert": [], "sample": []} for share in tables}
     try:
-        inserts = []
-        from time import perf_counter
         for g in groups:
-            t0 = perf_counter()
-            table.insert(g)
-            inserts.append(perf_counter() - t0)
-        s = table.stats()
-        out = {"memory_bytes_per_group": s["memory_bytes"] / len(groups),
-               "insert": _ms(inserts[1:]), "sample": _ms(_timed(lambda: table.sample(SAMPLE), samples))}
-        if "ssd_bytes" in s:
-            out["ssd_bytes_per_group"] = s["ssd_bytes"] / len(groups)
+            for share, (table, _) in tables.items():
+                t0 = perf_counter()
+                table.insert(g)
+                times[share]["insert"].append(perf_counter() - t0)
+        for i in range(samples + 1):
+            for share, (table, _) in tables.items():
+                t0 = perf_counter()
+                table.sample(SAMPLE)
+                if i:  # the first is a warm-up
+                    times[share]["sample"].append(perf_counter() - t0)
+        out = {}
+        for share, (table, _) in tables.items():
+            s = table.stats()
+            out[str(share).lower()] = r = {"memory_bytes_per_group": s["memory_bytes"] / len(groups),
+                                           "insert": _ms(times[share]["insert"][1:]),
+                                           "sample": _ms(times[share]["sample"])}
+            if "ssd_bytes" in s:
+                r["ssd_bytes_per_group"] = s["ssd_bytes"] / len(groups)
         return out
     finally:
-        if store is not None:
-            store.close()
+        for _, store in tables.values():
+            if store is not None:
+                store.close()
 
 
 def run(quick: bool = False) -> dict:
-    n_groups, samples = (24, 10) if quick else (96, 40)
+    n_groups, samples = (24, 10) if quick else (96, 60)
     groups = [trajectories(GROUP, tokens=PROMPT + ANSWER, prompt_tokens=PROMPT, groups=1, shared_prompts=True,
                            seed=g, id_prefix=f"g{g}") for g in range(n_groups)]
     root = Path(tempfile.mkdtemp(prefix="bench-prefixes-"))
     try:
-        results = {kind: {str(share).lower(): measure(kind, share, groups, samples, root) for share in (False, True)}
-                   for kind in KINDS}
+        results = {kind: measure(kind, groups, samples, root) for kind in KINDS}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"groups": n_groups, "group": {"rows": GROUP, "prompt_tokens": PROMPT, "answer_tokens": ANSWER,
