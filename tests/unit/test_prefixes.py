@@ -71,7 +71,8 @@ def rows(draw):
 @settings(max_examples=300, deadline=None)
 @given(rows(), st.data())
 def test_any_rows_round_trip_exactly_through_every_slice_take_and_block(b, data):
-    with mock.patch.object(prefixes, "MIN_SAVED_BYTES", 0):  # share even tiny prefixes
+    with mock.patch.object(prefixes, "MIN_SAVED_BYTES", 0), \
+            mock.patch.object(prefixes, "MIN_SAVED_SHARE", 0.0):  # share even tiny prefixes
         stored = prefixes.share(b)
     whole = prefixes.whole_rows(stored)
     assert whole.equals(b) and whole.schema.equals(b.schema, check_metadata=True)
@@ -84,6 +85,29 @@ def test_any_rows_round_trip_exactly_through_every_slice_take_and_block(b, data)
     assert prefixes.whole_rows(stored.slice(lo, k)).equals(b.slice(lo, k))
     picks = pa.array(data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=8 if n else 0)), pa.int64())
     assert prefixes.whole_rows(stored.take(picks)).equals(b.take(picks))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows(), st.data())
+def test_a_rows_prompt_ends_at_its_first_generated_token(b, data):
+    lo = data.draw(st.integers(0, b.num_rows))
+    mask = b.column("loss_mask").slice(lo)  # a slice: its offsets do not start at 0
+    expected = [0 if m is None else next((i for i, v in enumerate(m) if v == 1), len(m)) for m in mask.to_pylist()]
+    assert prefixes.prompt_lengths(mask).tolist() == expected
+
+
+@pytest.mark.parametrize("masks, expected", [
+    ([[1, 0], [0, 1]], [0, 1]),  # a row that begins with its answer
+    ([[0, 1], [1, 1], [1]], [1, 0, 0]),  # ...right after a row that ended in one
+    ([[], [0, 0], None, [0, 0, 1, 0, 1]], [0, 2, 0, 2]),  # no answer; a null row; several turns
+])
+def test_prompt_lengths_of_rows_that_begin_with_their_answer(masks, expected):
+    assert prefixes.prompt_lengths(pa.array(masks, pa.list_(pa.uint8()))).tolist() == expected
+
+
+def test_a_column_that_would_save_little_of_its_bytes_is_left_whole():
+    b = batch(trajectories(256, tokens=4096, prompt_tokens=8))  # the prompts' zero logprobs: 8 KiB, 0.2% of them
+    assert prefixes.share(b) is b
 
 
 def test_a_group_stores_its_prompt_once_per_per_token_column():
