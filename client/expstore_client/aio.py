@@ -121,7 +121,8 @@ class AsyncClient:
         metadata (string notes such as the console's ``tokenizer``), group_timeout_s and
         group_timeout_action, ingest_checks (a list), routed_experts (``{"layers": L,
         "top_k": k, "num_experts": E}``), pacing (``{"rollouts_per_version": B, "lease_s": s}``),
-        hot_retention_s, hot_retention_bytes, retention_s, retention_bytes; the sampler mapping may hold task_quotas
+        hot_retention_s, hot_retention_bytes, retention_s, retention_bytes, share_prefixes (a
+        trajectory table's chunks store each distinct prompt once); the sampler mapping may hold task_quotas
         (``{task: {"min": share, "max": share}}``). See docs/config.md."""
         req = pb.CreateTableRequest(config=_codec.table_config(name, kind=kind, schema=schema, sampler=sampler,
                                                                rate_limiter=rate_limiter, **config),

@@ -41,7 +41,7 @@ def spec_to_proto(spec: TableSpec) -> pb.TableConfig:
         memory_bytes=spec.memory_bytes, dedup_window=spec.dedup_window, tiers=spec.tiers,
         ssd_bytes=spec.ssd_bytes, durability=spec.durability, archive=spec.archive,
         metadata=spec.metadata or {}, group_timeout_action=spec.group_timeout_action,
-        ingest_checks=list(spec.ingest_checks or ()))
+        ingest_checks=list(spec.ingest_checks or ()), share_prefixes=spec.share_prefixes)
     if spec.schema is not None:
         config.schema = arrow_ipc.encode_schema(spec.schema)
     if spec.key_column is not None:

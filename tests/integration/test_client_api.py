@@ -370,3 +370,21 @@ def test_insert_future_and_prefetching_sampler(client, table_name):
     assert client.stats(table_name)[table_name]["samples"] >= 5 * 16
     with pytest.raises(ValueError):
         next(client.sampler(table_name, 16, prefetch=0))
+
+
+def test_share_prefixes_is_set_over_the_wire_and_groups_come_back_whole(client, table_name):
+    group = trajectories(16, tokens=640, prompt_tokens=512, groups=1, shared_prompts=True, seed=3)
+    stored = {}
+    for share in (False, True):
+        name = f"{table_name}_{int(share)}"
+        info = client.create_table(name, share_prefixes=share, tiers="memory", max_size=100)
+        assert info.config["share_prefixes"] is share
+        ids = client.insert(name, group).item_ids
+        stored[share] = client.stats(name)[name]["memory_bytes"]
+        rows = client.get(name, ids).data.sort_by("traj_id")
+        whole = ["traj_id", "tokens", "loss_mask", "logprobs"]
+        assert rows.select(whole).to_pylist() == group.sort_by("traj_id").select(whole).to_pylist(), "rows come back whole"
+        client.drop_table(name)
+    assert stored[True] * 3 < stored[False], stored
+    assert client.create_table(table_name).config["share_prefixes"] is True  # the default
+    client.drop_table(table_name)

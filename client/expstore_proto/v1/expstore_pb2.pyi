@@ -97,7 +97,7 @@ class RateLimiterConfig(_message.Message):
     def __init__(self, type: _Optional[str] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., size: _Optional[int] = ...) -> None: ...
 
 class TableConfig(_message.Message):
-    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window", "tiers", "ssd_bytes", "durability", "archive", "vocab_size", "metadata", "group_timeout_s", "group_timeout_action", "ingest_checks", "routed_experts", "pacing", "hot_retention_s", "hot_retention_bytes", "retention_s", "retention_bytes")
+    __slots__ = ("name", "kind", "schema", "key_column", "sampler", "remover", "max_size", "max_times_sampled", "rate_limiter", "max_staleness", "memory_bytes", "dedup_window", "tiers", "ssd_bytes", "durability", "archive", "vocab_size", "metadata", "group_timeout_s", "group_timeout_action", "ingest_checks", "routed_experts", "pacing", "hot_retention_s", "hot_retention_bytes", "retention_s", "retention_bytes", "share_prefixes")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class TableConfig(_message.Message):
     HOT_RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     RETENTION_S_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARE_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     schema: bytes
@@ -159,7 +160,8 @@ class TableConfig(_message.Message):
     hot_retention_bytes: int
     retention_s: float
     retention_bytes: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ..., tiers: _Optional[str] = ..., ssd_bytes: _Optional[int] = ..., durability: _Optional[str] = ..., archive: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., group_timeout_s: _Optional[float] = ..., group_timeout_action: _Optional[str] = ..., ingest_checks: _Optional[_Iterable[str]] = ..., routed_experts: _Optional[_Union[RoutedExpertsConfig, _Mapping]] = ..., pacing: _Optional[_Union[PacingConfig, _Mapping]] = ..., hot_retention_s: _Optional[float] = ..., hot_retention_bytes: _Optional[int] = ..., retention_s: _Optional[float] = ..., retention_bytes: _Optional[int] = ...) -> None: ...
+    share_prefixes: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., schema: _Optional[bytes] = ..., key_column: _Optional[str] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[_Union[RateLimiterConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dedup_window: _Optional[int] = ..., tiers: _Optional[str] = ..., ssd_bytes: _Optional[int] = ..., durability: _Optional[str] = ..., archive: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., group_timeout_s: _Optional[float] = ..., group_timeout_action: _Optional[str] = ..., ingest_checks: _Optional[_Iterable[str]] = ..., routed_experts: _Optional[_Union[RoutedExpertsConfig, _Mapping]] = ..., pacing: _Optional[_Union[PacingConfig, _Mapping]] = ..., hot_retention_s: _Optional[float] = ..., hot_retention_bytes: _Optional[int] = ..., retention_s: _Optional[float] = ..., retention_bytes: _Optional[int] = ..., share_prefixes: _Optional[bool] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("config", "if_not_exists")
