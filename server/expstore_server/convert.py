@@ -127,7 +127,7 @@ def decode_rows(data, *, table: str, message: int, row_offset: int, max_bytes: i
     try:
         rows = arrow_ipc.decode(data)
         rows.validate(full=True)
-        _check_names(rows.schema)
+        _check_schema_names(rows.schema)
     except (pa.ArrowException, ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
         raise InvalidArgument(f"{what}: not a valid Arrow IPC stream: {e}") from None
     _check_row_sizes(rows, what, table, row_offset, max_bytes)
@@ -157,6 +157,14 @@ def _check_names(fields) -> None:
         f.name
         t = f.type
         _check_names(t.fields if hasattr(t, "fields") else [t.field(i) for i in range(t.num_fields)])
+
+
+def _names_ok(schema: pa.Schema) -> bool:
+    _check_names(schema)
+    return True
+
+
+_check_schema_names = ipc_size.SchemaMemo(_names_ok)  # one schema, call after call
 
 
 def ids_of(values) -> np.ndarray:

@@ -100,3 +100,38 @@ def test_split_rows_keeps_every_slice_within_the_limit_or_alone():
     assert all(p.nbytes <= limit for p in parts)
     assert arrow_ipc.split_rows(data, 1) and all(p.num_rows == 1 for p in arrow_ipc.split_rows(data, 1))
     assert arrow_ipc.split_rows(data, data.nbytes) == [data]
+
+
+def test_schema_memo_answers_equal_schemas_from_memory():
+    """A producer's schema, call after call, is walked once; another schema (a name or a
+    type apart) is walked again; an answer that raised is not remembered."""
+    calls = []
+
+    def walk(schema: pa.Schema) -> list[str]:
+        calls.append(schema)
+        if "bad" in schema.names:
+            raise ValueError("bad")
+        return schema.names
+
+    memo = ipc_size.SchemaMemo(walk, size=2)
+    a = pa.schema([("x", pa.int32()), ("y", pa.list_(pa.string()))])
+    assert memo(a) == ["x", "y"]
+    assert memo(pa.schema([("x", pa.int32()), ("y", pa.list_(pa.string()))], metadata={b"k": b"v"})) == ["x", "y"]
+    assert len(calls) == 1
+    assert memo(pa.schema([("x", pa.int64()), ("y", pa.list_(pa.string()))])) == ["x", "y"]
+    assert memo(pa.schema([("x", pa.int32()), ("z", pa.list_(pa.string()))])) == ["x", "z"]
+    assert len(calls) == 3
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            memo(pa.schema([("bad", pa.int32())]))
+    assert len(calls) == 5
+    memo(a)  # pushed out by the last two (size=2): walked again
+    assert len(calls) == 6
+
+
+def test_has_dictionary_of_equal_schemas_with_and_without_dictionaries():
+    plain = pa.schema([("s", pa.list_(pa.struct([("v", pa.string())])))])
+    coded = pa.schema([("s", pa.list_(pa.struct([("v", pa.dictionary(pa.int32(), pa.string()))])))])
+    for _ in range(2):  # the second time from memory
+        assert not ipc_size.has_dictionary(plain)
+        assert ipc_size.has_dictionary(coded)
