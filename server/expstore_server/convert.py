@@ -107,8 +107,9 @@ RESPONSE_FRAMING = 64 << 10
 buffer padding, item ids and priorities. A row may take max_message_bytes less this."""
 
 
-def decode_rows(data, *, table: str, message: int, row_offset: int, max_bytes: int) -> pa.Table:
-    """Decode and fully validate an untrusted IPC stream (bad offsets must never reach a take).
+def decode_rows(data, *, table: str, message: int, row_offset: int, max_bytes: int) -> tuple[pa.Table, int]:
+    """Decode and fully validate an untrusted IPC stream (bad offsets must never reach a take):
+    its rows and their Arrow bytes (``nbytes``, read for the checks: ~40 us for a few rows).
 
     Refused with InvalidArgument, naming the table (and the row, counted over the whole
     call from ``row_offset``): a stream whose record batches declare more than
@@ -130,14 +131,15 @@ def decode_rows(data, *, table: str, message: int, row_offset: int, max_bytes: i
         _check_schema_names(rows.schema)
     except (pa.ArrowException, ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
         raise InvalidArgument(f"{what}: not a valid Arrow IPC stream: {e}") from None
-    _check_row_sizes(rows, what, table, row_offset, max_bytes)
-    return rows
+    nbytes = rows.nbytes
+    _check_row_sizes(rows, nbytes, what, table, row_offset, max_bytes)
+    return rows, nbytes
 
 
-def _check_row_sizes(rows: pa.Table, what: str, table: str, row_offset: int, max_bytes: int) -> None:
+def _check_row_sizes(rows: pa.Table, nbytes: int, what: str, table: str, row_offset: int, max_bytes: int) -> None:
     limit = max_bytes - RESPONSE_FRAMING
     dictionaries = ipc_size.has_dictionary(rows.schema)
-    if rows.nbytes <= limit and not dictionaries:
+    if nbytes <= limit and not dictionaries:
         return
     sizes = ipc_size.row_bytes(rows)
     over = np.flatnonzero(sizes > limit)

@@ -236,7 +236,7 @@ class Servicer:
             return await self._insert(request_iterator, call, origin, arrival, context)
 
     async def _insert(self, request_iterator, call, origin, arrival, context):
-        first, parts, priorities = None, [], []
+        first, parts, priorities, nbytes = None, [], [], 0
         async for item in request_iterator:
             _check_parsed(item, "Insert")
             req, payload = item
@@ -252,13 +252,14 @@ class Servicer:
                 raise InvalidArgument(f"insert message {len(parts)} names table {req.table!r}, "
                                       f"the first named {first.table!r}; one call inserts into one table")
             # Inline: framing and IPC decoding are zero-copy and cheap, not worth a thread hop.
-            data = convert.decode_rows(payload, table=first.table, message=len(parts),
+            data, size = convert.decode_rows(payload, table=first.table, message=len(parts),
                                        row_offset=sum(p.num_rows for p in parts),
                                        max_bytes=self.config.max_message_bytes)
             if req.priorities and len(req.priorities) != data.num_rows:
                 raise InvalidArgument(f"table {first.table!r}: insert message {len(parts)} has "
                                       f"{len(req.priorities)} priorities for {data.num_rows} rows")
             parts.append(data)
+            nbytes += size
             priorities.append(np.asarray(req.priorities, dtype=np.float64) if req.priorities
                               else np.ones(data.num_rows))
         if first is None:
@@ -286,7 +287,7 @@ class Servicer:
                 raise
 
         remaining = context.time_remaining()
-        result = await self._inserts.insert(table, Pending(parts, priorities, durability, alone), arrival,
+        result = await self._inserts.insert(table, Pending(parts, priorities, durability, nbytes, alone), arrival,
                                             None if remaining is None else max(0.0, remaining - 0.05))
         call.detail = f"rows={len(priorities)} inserted={result.num_inserted} duplicates={result.num_duplicates}"
         return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,

@@ -15,7 +15,9 @@ MAX = 64 << 20
 
 
 def decode(data) -> pa.Table:
-    return convert.decode_rows(data, table="t", message=0, row_offset=0, max_bytes=MAX)
+    rows, nbytes = convert.decode_rows(data, table="t", message=0, row_offset=0, max_bytes=MAX)
+    assert nbytes == rows.nbytes
+    return rows
 
 
 def test_field_names_of_one_schema_are_read_once(monkeypatch):
