@@ -13,6 +13,7 @@ import pytest
 
 from expstore_client import Client
 from expstore_rl import grpo, launch, producer, trainer, weights
+from ray_start import start_ray
 
 pytestmark = pytest.mark.slow
 TINY = ["--hidden", "64", "--heads", "2", "--layers", "1", "--intermediate", "64"]  # head_dim 32
@@ -29,11 +30,10 @@ def produced(stats: dict) -> int:
 
 
 @pytest.fixture
-def local_ray(monkeypatch):
-    monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "120")  # its 30 s ran out on a loaded machine
+def local_ray():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    start_ray(address="local", num_cpus=2, include_dashboard=False)
     yield ray
     ray.shutdown()
 
