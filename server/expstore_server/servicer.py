@@ -253,8 +253,8 @@ class Servicer:
                                       f"the first named {first.table!r}; one call inserts into one table")
             # Inline: framing and IPC decoding are zero-copy and cheap, not worth a thread hop.
             data, size = convert.decode_rows(payload, table=first.table, message=len(parts),
-                                       row_offset=sum(p.num_rows for p in parts),
-                                       max_bytes=self.config.max_message_bytes)
+                                             row_offset=sum(p.num_rows for p in parts),
+                                             max_bytes=self.config.max_message_bytes)
             if req.priorities and len(req.priorities) != data.num_rows:
                 raise InvalidArgument(f"table {first.table!r}: insert message {len(parts)} has "
                                       f"{len(req.priorities)} priorities for {data.num_rows} rows")
