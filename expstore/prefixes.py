@@ -39,6 +39,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from expstore_proto.ipc_size import SchemaMemo
+
 MARK = b"expstore.shared_prefix"
 PER_TOKEN = ("tokens", "loss_mask", "logprobs", "token_policy_version", "advantages", "values")
 """Columns with one value per token (validation keeps their lengths equal to tokens')."""
@@ -80,8 +82,13 @@ def share(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def is_shared(schema: pa.Schema) -> bool:
-    """Whether a batch of this schema has a column stored with shared prefixes."""
-    return any(f.metadata and MARK in f.metadata for f in schema)
+    """Whether a batch of this schema has a column stored with shared prefixes. Asked of
+    every chunk a sample touches (hundreds): answered from memory for a schema seen
+    lately (walking the fields cost 1.2 ms a sample of 300 B rows from 220 chunks)."""
+    return _is_shared(schema)
+
+
+_is_shared = SchemaMemo(lambda schema: any(f.metadata and MARK in f.metadata for f in schema), check_metadata=True)
 
 
 def whole_rows(batch: pa.RecordBatch) -> pa.RecordBatch:

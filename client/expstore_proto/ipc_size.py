@@ -116,16 +116,17 @@ class SchemaMemo:
     producer sends one schema call after call, and walking its fields in Python costs
     ~50 us for a trajectory's where ``Schema.equals`` costs well under one. Equal schemas
     have the same field names (bytes) and types, not necessarily the same metadata: for
-    functions of names and types only. A call that raises is not remembered."""
+    functions of names and types only, unless ``check_metadata`` (then equal schemas
+    have the same schema and field metadata too). A call that raises is not remembered."""
 
-    def __init__(self, fn: Callable[[pa.Schema], Any], size: int = 8) -> None:
-        self._fn, self._size = fn, size
+    def __init__(self, fn: Callable[[pa.Schema], Any], size: int = 8, check_metadata: bool = False) -> None:
+        self._fn, self._size, self._check_metadata = fn, size, check_metadata
         self._recent: list[tuple[pa.Schema, Any]] = []  # most recently used first
 
     def __call__(self, schema: pa.Schema) -> Any:
         recent = self._recent  # replaced, never changed in place: safe from any thread
         for i, (seen, answer) in enumerate(recent):
-            if seen.equals(schema):
+            if seen.equals(schema, check_metadata=self._check_metadata):
                 if i:
                     self._recent = [recent[i]] + recent[:i] + recent[i + 1:]
                 return answer

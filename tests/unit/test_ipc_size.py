@@ -129,6 +129,13 @@ def test_schema_memo_answers_equal_schemas_from_memory():
     assert len(calls) == 6
 
 
+def test_schema_memo_that_checks_metadata_walks_a_schema_with_other_field_metadata():
+    memo = ipc_size.SchemaMemo(lambda schema: schema.field("x").metadata, check_metadata=True)
+    assert memo(pa.schema([pa.field("x", pa.int32(), metadata={b"k": b"1"})])) == {b"k": b"1"}
+    assert memo(pa.schema([pa.field("x", pa.int32())])) is None
+    assert memo(pa.schema([pa.field("x", pa.int32(), metadata={b"k": b"1"})])) == {b"k": b"1"}
+
+
 def test_has_dictionary_of_equal_schemas_with_and_without_dictionaries():
     plain = pa.schema([("s", pa.list_(pa.struct([("v", pa.string())])))])
     coded = pa.schema([("s", pa.list_(pa.struct([("v", pa.dictionary(pa.int32(), pa.string()))])))])

@@ -158,6 +158,13 @@ def test_take_rows_returns_whole_rows_from_shared_and_mixed_chunks(forms):
     assert pa.Table.from_batches([only]).equals(expected.select(["tokens", "loss_mask"]).combine_chunks())
 
 
+def test_a_user_struct_of_the_stored_type_is_not_taken_for_a_shared_column():
+    stored = prefixes.share(batch(group()))
+    assert prefixes.is_shared(stored.schema)  # remembered ...
+    unmarked = pa.schema([f.remove_metadata() for f in stored.schema])  # ... yet the same types unmarked
+    assert not prefixes.is_shared(unmarked)
+
+
 def test_batches_without_tokens_and_loss_mask_and_user_structs_are_left_alone():
     t = pa.record_batch({"tokens": pa.array([[1, 2, 3]] * 64, pa.list_(pa.int32()))})
     assert prefixes.share(t) is t
