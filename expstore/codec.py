@@ -44,7 +44,7 @@ CHECKSUMS = {"crc32c": crc32c.crc32c, "crc32": zlib.crc32}  # name -> function (
 
 def block_checksum(data) -> int:
     """The checksum (BLOCK_CHECKSUM) of a block's bytes, recorded by its writer."""
-    return crc32c.crc32c(data)
+    return CHECKSUMS[BLOCK_CHECKSUM](data)
 
 
 def encode_block(batch: pa.RecordBatch) -> bytes:
