@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .prefixes import MARK, is_shared, take_whole, whole_rows
+from .prefixes import is_marked, is_shared, take_whole, whole_field, whole_rows
 
 TAKE_BELOW_ROW_BYTES = 2048  # rows smaller than this are taken, larger ones sliced ...
 TAKE_FROM_ROWS = 16          # ... when a segment has this many (a take costs ~10 slices)
@@ -72,7 +72,7 @@ def _take_shared(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: n
                  stored: pa.Schema) -> pa.RecordBatch:
     """``take_rows`` of chunks all stored in one shared-prefix form: the other columns as
     ``take_rows`` gathers them, each shared one rebuilt by ``prefixes.take_whole``."""
-    shared = [f.name for f in stored if f.metadata and MARK in f.metadata]
+    shared = [f.name for f in stored if is_marked(f)]
     others = take_rows({k: b.drop_columns(shared) for k, b in batches.items()}, chunks, rows,
                        pa.schema([f for f in stored if f.name not in shared]))
     starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]).tolist() + [len(chunks)]
@@ -91,8 +91,7 @@ def _take_shared(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: n
     fields, columns = [], []
     for f in stored:
         if f.name in whole:
-            meta = {k: v for k, v in f.metadata.items() if k != MARK}
-            fields.append(pa.field(f.name, whole[f.name].type, f.nullable, meta or None))
+            fields.append(whole_field(f, whole[f.name].type))
             columns.append(whole[f.name])
         else:
             fields.append(f)

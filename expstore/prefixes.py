@@ -88,7 +88,18 @@ def is_shared(schema: pa.Schema) -> bool:
     return _is_shared(schema)
 
 
-_is_shared = SchemaMemo(lambda schema: any(f.metadata and MARK in f.metadata for f in schema), check_metadata=True)
+_is_shared = SchemaMemo(lambda schema: any(is_marked(f) for f in schema), check_metadata=True)
+
+
+def is_marked(field: pa.Field) -> bool:
+    """Whether a stored column holds shared prefixes (``struct<prefix, rest>``)."""
+    return bool(field.metadata) and MARK in field.metadata
+
+
+def whole_field(field: pa.Field, whole: pa.DataType) -> pa.Field:
+    """The field of a marked column once rebuilt as ``whole``: the user's metadata, not ours."""
+    meta = {k: v for k, v in field.metadata.items() if k != MARK}
+    return pa.field(field.name, whole, field.nullable, meta or None)
 
 
 def whole_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -98,10 +109,9 @@ def whole_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch
     fields, columns = list(batch.schema), list(batch.columns)
     for i, f in enumerate(fields):
-        if f.metadata and MARK in f.metadata:
+        if is_marked(f):
             columns[i] = _whole_column(columns[i])
-            meta = {k: v for k, v in f.metadata.items() if k != MARK}
-            fields[i] = pa.field(f.name, columns[i].type, f.nullable, meta or None)
+            fields[i] = whole_field(f, columns[i].type)
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, batch.schema.metadata))
 
 
@@ -146,7 +156,7 @@ def compact(batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch
     columns = list(batch.columns)
     for i, f in enumerate(batch.schema):
-        if f.metadata and MARK in f.metadata:
+        if is_marked(f):
             s = columns[i]
             prefix = s.field(0)
             offsets, sizes = _np(prefix.offsets), _np(prefix.sizes)
