@@ -30,8 +30,9 @@ scans, compactions and the archive see whole rows; a batch of whole rows, e.g. a
 written before this existed or read from the remote tier, passes through untouched), and
 ``compact`` keeps a slice's prefix buffer to the prompts its rows use (an IPC message of a
 sliced list view carries every value from its lowest offset to its highest end: an SSD
-block whose rows use a chunk's first and last prompts would store all of them). Stored columns are marked by field metadata (``MARK``), so
-that a user's struct column is never mistaken for one. Pure functions: thread-safe.
+block whose rows use a chunk's first and last prompts would store all of them). Stored
+columns are marked by field metadata (``MARK``, ``is_marked``), so that a user's struct
+column is never mistaken for one. Pure functions: thread-safe.
 """
 
 from __future__ import annotations

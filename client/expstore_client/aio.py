@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from expstore_proto import arrow_ipc
 from expstore_proto.v1 import expstore_pb2 as pb
-from expstore_proto.service import client_stub
+from expstore_proto.service import ORDER_KEY, client_stub
 
 from . import _codec, _flight
 from ._codec import InsertResult, PriorityUpdate, Reservation, TableInfo
@@ -223,8 +223,8 @@ class AsyncClient:
                 task = asyncio.ensure_future(self._flight_rows(path, pb.FlightTicket(sample=req), timeout, True,
                                                                path.samples))
             else:
-                call = await turn.start(lambda metadata: self._stub.Sample(req, timeout=self._deadline(timeout),
-                                                                           metadata=metadata), timeout)
+                call = await turn.start(lambda metadata: self._stream(self._stub.Sample, req, timeout, metadata),
+                                        timeout)
         if path is not None:
             try:
                 return await task
@@ -423,8 +423,10 @@ class AsyncClient:
     async def _call(self, method, request, timeout: float | None = None):
         return await method(request, timeout=self._deadline(timeout), metadata=self._metadata)
 
-    def _stream(self, method, request, timeout: float | None):
-        return method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+    def _stream(self, method, request, timeout: float | None, metadata: tuple | None = None):
+        """A server-streaming call; ``metadata``: the call's own (the client's by default)."""
+        return method(request, timeout=self._deadline(timeout),
+                      metadata=self._metadata if metadata is None else metadata)
 
 
 async def _flight_batches(path: FlightPath, reader) -> AsyncIterator[pa.RecordBatch]:
@@ -508,7 +510,7 @@ class _InOrder:
     def numbered(self) -> tuple[int, tuple[tuple[str, str], ...]]:
         """The next call's number and the metadata that carries it."""
         seq, self._next = self._next, self._next + 1
-        return seq, self._metadata + (("expstore-order", f"{self._origin}:{seq}:{self._low}"),)
+        return seq, self._metadata + ((ORDER_KEY, f"{self._origin}:{seq}:{self._low}"),)
 
     def ended(self, seq: int) -> None:
         self._ended.add(seq)

@@ -17,6 +17,7 @@ from .v1 import expstore_pb2 as pb
 SERVICE = "expstore.v1.ExperienceStore"
 INSERT_PAYLOAD = pb.InsertRequest.DESCRIPTOR.fields_by_name["arrow_ipc"].number
 ROWS_PAYLOAD = pb.RowsResponse.DESCRIPTOR.fields_by_name["arrow_ipc"].number
+ORDER_KEY = "expstore-order"  # call metadata ORIGIN:SEQ:LOW: a client's inserts and samples in order (docs/rpc.md)
 
 
 def _identity(data: bytes) -> bytes:

@@ -39,8 +39,8 @@ from collections import OrderedDict
 from typing import Callable, Sequence
 
 from expstore.errors import InvalidArgument
+from expstore_proto.service import ORDER_KEY
 
-ORDER_KEY = "expstore-order"
 GAP_GRACE_S = 0.25  # how long a call waits for an earlier number that has not arrived
 IDLE_S = 60.0  # how long a line without running calls is remembered
 MAX_ORIGIN_CHARS = 64
