@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .prefixes import is_marked, is_shared, take_whole, whole_field, whole_rows
+from .prefixes import is_marked, is_shared, take_whole, whole_rows, whole_schema
 
 TAKE_BELOW_ROW_BYTES = 2048  # rows smaller than this are taken, larger ones sliced ...
 TAKE_FROM_ROWS = 16          # ... when a segment has this many (a take costs ~10 slices)
@@ -41,8 +41,10 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
         return pa.RecordBatch.from_pylist([], schema=schema)
     used = [batches[c] for c in np.unique(chunks).tolist()]
     mixed = any(is_shared(b.schema) for b in used)  # chunks stored with shared prefixes
-    if mixed and all(b.schema.equals(used[0].schema, check_metadata=True) for b in used):
-        return _take_shared(batches, chunks, rows, used[0].schema)
+    if mixed:
+        whole = whole_schema(used[0].schema)
+        if all(whole_schema(b.schema).equals(whole, check_metadata=True) for b in used):
+            return _take_shared(batches, used, chunks, rows, whole)
     # Boundaries, computed once for the whole selection: segments (a new chunk) and runs
     # (a new chunk, or a row that does not follow the previous one).
     new_chunk = np.empty(n, dtype=bool)
@@ -63,37 +65,33 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
             parts.append(batch.take(pa.array(rows[start:end])))
         else:
             parts.extend(batch.slice(int(rows[a]), b - a) for a, b in zip(run_bounds[r0:r1], run_bounds[r0 + 1:r1 + 1]))
-    if mixed:  # chunks stored in different forms (rare): rebuild each piece
+    if mixed:  # chunks of different tables' schemas (rare): rebuild each piece
         parts = [whole_rows(p) for p in parts]
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
 
-def _take_shared(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.ndarray,
-                 stored: pa.Schema) -> pa.RecordBatch:
-    """``take_rows`` of chunks all stored in one shared-prefix form: the other columns as
-    ``take_rows`` gathers them, each shared one rebuilt by ``prefixes.take_whole``."""
-    shared = [f.name for f in stored if is_marked(f)]
+def _take_shared(batches: dict[int, pa.RecordBatch], used: list[pa.RecordBatch], chunks: np.ndarray,
+                 rows: np.ndarray, whole: pa.Schema) -> pa.RecordBatch:
+    """``take_rows`` of chunks whose rows have schema ``whole``, some stored with shared
+    prefixes and some maybe not (a chunk whose rows share no prompt is stored as sent): the
+    other columns as ``take_rows`` gathers them, each column shared in any chunk rebuilt by
+    ``prefixes.take_whole`` from every chunk's form of it."""
+    shared = sorted({f.name for b in used for f in b.schema if is_marked(f)})
     others = take_rows({k: b.drop_columns(shared) for k, b in batches.items()}, chunks, rows,
-                       pa.schema([f for f in stored if f.name not in shared]))
+                       pa.schema([f for f in whole if f.name not in shared]))
     starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]).tolist() + [len(chunks)]
     keys = np.unique(chunks)
     sizes = np.array([batches[k].num_rows for k in keys.tolist()], np.int64)
-    if len(starts) > CONCAT_FROM_PIECES and sizes.sum() <= CONCAT_BELOW_ROWS_PER_ROW * len(chunks):
+    one_form = all(b.schema.equals(used[0].schema, check_metadata=True) for b in used)
+    if one_form and len(starts) > CONCAT_FROM_PIECES and sizes.sum() <= CONCAT_BELOW_ROWS_PER_ROW * len(chunks):
         # many small batches (SSD blocks): one piece over their concatenation
         first = np.zeros(len(keys), np.int64)
         np.cumsum(sizes[:-1], out=first[1:])
         at = first[np.searchsorted(keys, chunks)] + rows
-        whole = {name: take_whole([(pa.concat_arrays([batches[k].column(name) for k in keys.tolist()]), at)])
-                 for name in shared}
+        columns = {name: take_whole([(pa.concat_arrays([batches[k].column(name) for k in keys.tolist()]), at)])
+                   for name in shared}
     else:
-        whole = {name: take_whole([(batches[int(chunks[a])].column(name), rows[a:b])
-                                   for a, b in zip(starts[:-1], starts[1:])]) for name in shared}
-    fields, columns = [], []
-    for f in stored:
-        if f.name in whole:
-            fields.append(whole_field(f, whole[f.name].type))
-            columns.append(whole[f.name])
-        else:
-            fields.append(f)
-            columns.append(others.column(f.name))
-    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, stored.metadata))
+        columns = {name: take_whole([(batches[int(chunks[a])].column(name), rows[a:b])
+                                     for a, b in zip(starts[:-1], starts[1:])]) for name in shared}
+    return pa.RecordBatch.from_arrays([columns[f.name] if f.name in columns else others.column(f.name)
+                                       for f in whole], schema=whole)

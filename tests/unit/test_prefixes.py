@@ -71,8 +71,8 @@ def rows(draw):
 @settings(max_examples=300, deadline=None)
 @given(rows(), st.data())
 def test_any_rows_round_trip_exactly_through_every_slice_take_and_block(b, data):
-    with mock.patch.object(prefixes, "MIN_SAVED_BYTES", 0), \
-            mock.patch.object(prefixes, "MIN_SAVED_SHARE", 0.0):  # share even tiny prefixes
+    with mock.patch.object(prefixes, "MIN_SAVED_BYTES", 0), mock.patch.object(prefixes, "MIN_SAVED_SHARE", 0.0), \
+            mock.patch.object(prefixes, "MIN_PROMPT_TOKENS", 0):  # share even tiny prefixes
         stored = prefixes.share(b)
     whole = prefixes.whole_rows(stored)
     assert whole.equals(b) and whole.schema.equals(b.schema, check_metadata=True)
@@ -156,6 +156,13 @@ def test_take_rows_returns_whole_rows_from_shared_and_mixed_chunks(forms):
     only = take_rows({k: b.select(["tokens", "loss_mask"]) for k, b in stored.items()}, picks_chunk, picks_row,
                      chunks[0].schema)  # a read of some columns: all of them shared
     assert pa.Table.from_batches([only]).equals(expected.select(["tokens", "loss_mask"]).combine_chunks())
+
+
+def test_chunks_of_short_prompts_are_stored_as_sent():
+    short = batch(trajectories(512, tokens=20, prompt_tokens=8, groups=4, shared_prompts=True))
+    assert prefixes.share(short) is short  # 40% of the tokens are prompt, but 8 tokens a row
+    with mock.patch.object(prefixes, "MIN_PROMPT_TOKENS", 8):
+        assert prefixes.is_shared(prefixes.share(short).schema)
 
 
 def test_a_user_struct_of_the_stored_type_is_not_taken_for_a_shared_column():
