@@ -10,9 +10,12 @@ effects, not requests: "these ids were sampled", never "sample 256", so replay n
 randomness. Once the records since the last snapshot outweigh it, the table writes a new
 snapshot and the older records are deleted in the same write: replay stays bounded.
 
-A record is ``u32 header length | JSON header | raw numpy buffers``: the header names
-the kind, the scalars, the string lists and each array's dtype and length, so encoding
-and decoding are a few ``tobytes`` / ``frombuffer`` calls whatever the batch size.
+A record is ``u32 header length | JSON header | raw numpy buffers | string lists``: the
+header names the kind, the scalars, other lists (JSON) and each array's dtype and length
+and each string list's count and bytes, so encoding and decoding are a few ``tobytes`` /
+``frombuffer`` calls whatever the batch size. A list of strings is stored as Arrow stores
+one (int64 offsets, then the UTF-8 bytes); records written before kept them in the header,
+and still read.
 """
 
 from __future__ import annotations
@@ -21,24 +24,31 @@ import json
 from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
 from rocksdict import WriteBatch
 
 from .tiers.rocks import Database, table_prefix
 
 
 def pack(kind: str, fields: dict[str, Any]) -> bytes:
-    scalars, strings, arrays, buffers = {}, {}, [], []
+    scalars, strings, arrays, texts, buffers, text_buffers = {}, {}, [], [], [], []
     for name, value in fields.items():
         if isinstance(value, np.ndarray):
             arrays.append([name, value.dtype.str, len(value)])
             buffers.append(np.ascontiguousarray(value).tobytes())
         elif isinstance(value, list):
-            strings[name] = value
+            text = _text(value)
+            if text is None:
+                strings[name] = value
+            else:
+                offsets, data = text
+                texts.append([name, len(value), len(data)])
+                text_buffers += (offsets, data)
         else:
             scalars[name] = value
-    header = json.dumps({"k": kind, "s": scalars, "t": strings, "a": arrays},
+    header = json.dumps({"k": kind, "s": scalars, "t": strings, "a": arrays, "u": texts},
                         separators=(",", ":")).encode()
-    return len(header).to_bytes(4, "little") + header + b"".join(buffers)
+    return len(header).to_bytes(4, "little") + header + b"".join(buffers + text_buffers)
 
 
 def unpack(data: bytes) -> tuple[str, dict[str, Any]]:
@@ -50,7 +60,31 @@ def unpack(data: bytes) -> tuple[str, dict[str, Any]]:
         dt = np.dtype(dtype)
         fields[name] = np.frombuffer(data, dtype=dt, count=length, offset=offset)
         offset += dt.itemsize * length
+    buffer = pa.py_buffer(data)
+    for name, count, nbytes in header.get("u", ()):  # records written before hold none
+        offsets = buffer.slice(offset, 8 * (count + 1))
+        offset += 8 * (count + 1)
+        fields[name] = pa.Array.from_buffers(pa.large_string(), count,
+                                             [None, offsets, buffer.slice(offset, nbytes)]).to_pylist()
+        offset += nbytes
     return header["k"], fields
+
+
+def _text(value: list) -> tuple[memoryview, memoryview] | None:
+    """A list of strings as Arrow's (offsets, UTF-8 bytes), or None for any other list
+    (kept as JSON). A snapshot holds every live item's key: JSON took ~90 ms under the
+    table lock for 200,000 of them, Arrow's own conversion ~20."""
+    if not value or not isinstance(value[0], str):
+        return None
+    try:
+        array = pa.array(value, pa.large_string())
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        return None
+    if array.null_count:
+        return None
+    _, offsets, data = array.buffers()
+    end = int(np.frombuffer(offsets, np.int64, count=len(value) + 1)[-1])
+    return memoryview(offsets)[:8 * (len(value) + 1)], memoryview(data)[:end] if data is not None else memoryview(b"")
 
 
 class Journal:

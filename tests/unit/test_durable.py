@@ -4,6 +4,7 @@ priorities, times_sampled, versions, keys, consumer groups, cuts, rate limiter).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rocksdict import WriteBatch
 
 from expstore import codec
@@ -284,6 +287,25 @@ def test_journal_records_round_trip():
     assert kind == "insert" and back.keys() == fields.keys()
     for k, v in fields.items():
         assert np.array_equal(back[k], v) if isinstance(v, np.ndarray) else back[k] == v
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=6), st.one_of(
+    st.lists(st.text()), st.lists(st.one_of(st.none(), st.text())), st.lists(st.integers()), st.integers(), st.text()),
+    max_size=5))
+def test_journal_records_round_trip_any_lists(fields):
+    fields["ids"] = np.arange(3, dtype=np.uint64)  # arrays and string lists share the record's tail
+    kind, back = unpack(pack("insert", fields))
+    assert kind == "insert" and back.keys() == fields.keys()
+    for k, v in fields.items():
+        assert np.array_equal(back[k], v) if isinstance(v, np.ndarray) else back[k] == v
+
+
+def test_journal_records_written_with_string_lists_in_the_header_still_read():
+    header = json.dumps({"k": "insert", "s": {"n": 3}, "t": {"keys": ["a", "\u00e9"]},
+                         "a": [["ids", "<u8", 2]]}).encode()
+    kind, back = unpack(len(header).to_bytes(4, "little") + header + np.arange(2, dtype="<u8").tobytes())
+    assert (kind, back["keys"], back["ids"].tolist(), back["n"]) == ("insert", ["a", "\u00e9"], [0, 1], 3)
 
 
 def test_disk_full_is_resource_exhausted_and_applies_nothing(tmp_path):
