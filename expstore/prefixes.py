@@ -254,8 +254,9 @@ def _share_column(column: pa.ListArray, prompt: np.ndarray) -> pa.StructArray | 
 def _distinct(values: np.ndarray, starts: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For rows' prefixes ``values[starts[r]:starts[r] + cut[r]]``: each row's index among
     the distinct ones (0 for an empty prefix), and the first row holding each. A dict keyed
-    by the prefixes' bytes, read through one view of the values (slicing the array and
-    indexing numpy scalars per row cost ~5 us a row: 1.5 ms an insert of 256 short rows)."""
+    by the prefixes' bytes, read through one view of the values: slicing the array and
+    indexing numpy scalars row by row made ``share`` of 256 rows of 2,560 tokens (16 groups)
+    6.1 ms instead of 5.4."""
     raw = memoryview(np.ascontiguousarray(values)).cast("B")
     size = values.itemsize
     ids: dict[bytes, int] = {}  # prefix bytes -> its index among the distinct ones
