@@ -258,6 +258,10 @@ class Placement:
         """Keep chunks readable outside the table lock until ``unpin``."""
         self._pins.update(chunk_ids)
 
+    def pinned(self) -> list[int]:
+        """The chunks pinned now (by ``pin`` and by reads in progress)."""
+        return sorted(self._pins)
+
     def unpin(self, chunk_ids: list[int]) -> None:
         self._pins.subtract(chunk_ids)
         done = [c for c in set(chunk_ids) if self._pins[c] <= 0]
