@@ -13,6 +13,7 @@ import pytest
 from damage import flip_in_file, flip_in_sst, flip_stored, flush, fragment_file, logprob_bytes
 
 from expstore import query as q
+from expstore import recovery
 from expstore.errors import DataLoss, DeadlineExceeded
 from expstore.spec import SamplerSpec, TableSpec
 from expstore.catalog import Catalog
@@ -26,7 +27,7 @@ META = 0xFFFFFFFF
 
 def stored(store: Catalog, table: str, chunk: int, block: int) -> tuple[bytes, bytes]:
     """(key, value) of a chunk's block (or META) in the SSD tier, for ``flip_stored``."""
-    ssd = store.table(table)._chunks.placement.ssd
+    ssd = store.table(table).parts.placement.ssd
     key = ssd._key(chunk, block)
     return key, store.db.get(ssd.family, [key])[0]
 
@@ -42,7 +43,7 @@ def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_the
     ids = a.insert(trajectories(40, tokens=1024, id_prefix="a")).item_ids
     b_ids = b.insert(trajectories(10, tokens=64, id_prefix="b")).item_ids
     expected, b_expected = rows(a.get(ids).data), rows(b.get(b_ids).data)
-    offsets = a._chunks.placement.ssd._offsets[0].tolist()
+    offsets = a.parts.placement.ssd._offsets[0].tolist()
     assert len(offsets) > 4  # several blocks: one of them is damaged
     lo, hi = offsets[2], offsets[3]
     value = stored(store, "a", 0, 2)
@@ -69,7 +70,7 @@ def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_the
     assert rows(b.get(b_ids).data) == b_expected  # the other table never noticed
     b.insert(trajectories(5, tokens=64, id_prefix="b2"))
     with a.lock:
-        a._write_snapshot()  # the quarantine is in the snapshot too, not only in the journal
+        recovery.write_snapshot(a)  # the quarantine is in the snapshot too, not only in the journal
     store.close()
 
     store = Catalog(tmp_path / "d")  # quarantined for good: the snapshot says so
@@ -151,7 +152,7 @@ def test_a_damaged_journal_or_snapshot_leaves_its_table_closed_and_the_others_se
     if what == "snapshot":  # (b's too: a lookup of b's absent snapshot would land in a's block)
         for t in (a, b):
             with t.lock:
-                t._write_snapshot()
+                recovery.write_snapshot(t)
     b_rows = rows(b.get(b_ids).data)
     if what == "journal":
         value = next(v for _, v in store.db.items("journal", table_prefix(1)))
@@ -188,7 +189,7 @@ def test_damaged_table_records_leave_those_tables_closed_and_the_server_up(tmp_p
     store.create_table(TableSpec("b"))
     a.insert(trajectories(200, tokens=8, id_prefix="a"))
     with a.lock:
-        a._write_snapshot()  # a large value between the next table id and the table records
+        recovery.write_snapshot(a)  # a large value between the next table id and the table records
     value = store.db.get("meta", [b"table/a"])[0]
     flush(store.db)
     store.close()
@@ -275,7 +276,7 @@ def test_queries_fail_with_data_loss_then_list_the_quarantined_items(tmp_path):
     t = store.create_table(TableSpec("t", memory_bytes=1))
     ids = t.insert(trajectories(30, tokens=1024, id_prefix="q")).item_ids
     value = stored(store, "t", 0, 1)
-    lo, hi = t._chunks.placement.ssd._offsets[0][1:3].tolist()
+    lo, hi = t.parts.placement.ssd._offsets[0][1:3].tolist()
     flush(store.db)
     store.close()
     flip_stored(tmp_path / "d", *value)
@@ -299,7 +300,7 @@ def test_a_damaged_ssd_block_stays_behind_while_the_mover_demotes_the_rest(tmp_p
     t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1, ssd_bytes=1))
     chunks = [t.insert(trajectories(12, tokens=1024, id_prefix=f"m{i}-", seed=i)).item_ids for i in range(3)]
     value = stored(store, "t", 1, 1)  # (block 0 would share its RocksDB block with chunk 0's metadata)
-    lo, hi = t._chunks.placement.ssd._offsets[1][1:3].tolist()
+    lo, hi = t.parts.placement.ssd._offsets[1][1:3].tolist()
     expected = rows(t.get(chunks[1]).data)
     flush(store.db)
     store.close()
@@ -324,7 +325,7 @@ def test_archive_fragments_and_chunks_waiting_for_the_archive_are_verified(tmp_p
                                      memory_bytes=1, ssd_bytes=1 << 40))
     t.insert(trajectories(20, tokens=1024, id_prefix="old"))  # chunk 0
     waiting = stored(store, "t", 0, 1)
-    lo, hi = t._chunks.placement.ssd._offsets[0][1:3].tolist()
+    lo, hi = t.parts.placement.ssd._offsets[0][1:3].tolist()
     t.insert(trajectories(20, tokens=1024, id_prefix="new"))  # evicts chunk 0's items: it waits for the archive
     flush(store.db)
     store.close()

@@ -33,22 +33,22 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def state(table) -> dict:
-    ix = table._index
+    ix = table.parts.index
     live = ix.live_slots()
     s = {name: ix[name][live].copy() for name in ("id", "chunk", "row", "priority", "times_sampled",
                                                    "policy_version", "group_size", "reward", "touched")}
-    s["group"] = [table._groups.name(c) if c >= 0 else None for c in ix["group"][live]]
-    s["task"] = [table._tasks.name(c) if c >= 0 else None for c in ix["task"][live]]
-    s["keys"] = table._keys.keys_of(live)
-    s["removed"] = table._keys.removed()[0]
+    s["group"] = [table.parts.groups.name(c) if c >= 0 else None for c in ix["group"][live]]
+    s["task"] = [table.parts.tasks.name(c) if c >= 0 else None for c in ix["task"][live]]
+    s["keys"] = table.parts.keys.keys_of(live)
+    s["removed"] = table.parts.keys.removed()[0]
     s["next_id"] = ix.next_id
-    s["touches"] = table._touches
+    s["touches"] = table.touches
     s["version"] = table.policy_version
-    s["limiter"] = {k: table._limiter.state()[k] for k in ("inserts", "samples", "deletes")}
+    s["limiter"] = {k: table.parts.limiter.state()[k] for k in ("inserts", "samples", "deletes")}
     s["allowance"] = table._removals.allowance
     s["groups"] = {n: {k: v for k, v in g.to_dict(0.0).items() if k != "deadlines"}
-                   for n, g in table._consumers.items()}
-    s["eligible"] = len(table._sampler)
+                   for n, g in table.parts.consumers.items()}
+    s["eligible"] = len(table.parts.sampler)
     return s
 
 
@@ -81,7 +81,7 @@ def test_random_changes_and_snapshots_restore_exactly(tmp_path, monkeypatch, see
     version, n_inserted = 0, 0
     for step in range(120):
         op = rng.choice(["insert", "insert", "sample", "priority", "version", "stream", "ack", "cut", "retry"])
-        live = t._index["id"][t._index.live_slots()]
+        live = t.parts.index["id"][t.parts.index.live_slots()]
         try:
             if op == "insert":
                 n = int(rng.choice([4, 8, 12]))
@@ -101,8 +101,8 @@ def test_random_changes_and_snapshots_restore_exactly(tmp_path, monkeypatch, see
                 t.set_policy_version(version)
             elif op == "stream":
                 t.stream("g", 6, timeout=0, visibility_timeout=float(rng.choice([0.001, 600])))
-            elif op in ("ack", "cut") and "g" in t._consumers and len(t._consumers["g"].inflight_ids):
-                ids = t._consumers["g"].inflight_ids[:3]
+            elif op in ("ack", "cut") and "g" in t.parts.consumers and len(t.parts.consumers["g"].inflight_ids):
+                ids = t.parts.consumers["g"].inflight_ids[:3]
                 (t.ack("g", ids) if op == "ack" else t.commit_cut("g", step, ids, tag=f"c{step}"))
         except DeadlineExceeded:  # rate limiter, sampler or stream not ready: nothing changed
             pass
@@ -165,10 +165,10 @@ os._exit(0)  # like kill -9: no close, RocksDB's memtable never reaches disk
     assert out.returncode == 0, out.stderr
     store = Catalog(tmp_path / "d")
     t = store.table("t")
-    keys = sorted(t._keys.keys_of(t._index.live_slots()))
+    keys = sorted(t.parts.keys.keys_of(t.parts.index.live_slots()))
     assert keys == [f"wal-{i}" for i in range(5)], keys  # the memory-durability rows are gone whole
     assert store.restored["t"]["lost"] == 0  # no index entry without its payload
-    assert t.get(t._index["id"][t._index.live_slots()]).data.num_rows == 5
+    assert t.get(t.parts.index["id"][t.parts.index.live_slots()]).data.num_rows == 5
     store.close()
 
 
@@ -204,8 +204,8 @@ def test_items_acknowledged_at_wal_whose_chunk_is_gone_are_data_loss_never_dropp
     t = store.create_table(TableSpec("t"))
     wal = t.insert(trajectories(5, id_prefix="wal"), durability="wal").item_ids
     mem = t.insert(trajectories(5, id_prefix="mem"), durability="memory").item_ids
-    live = t._index.live_slots()
-    chunk_of = dict(zip(t._index["id"][live].tolist(), t._index["chunk"][live].tolist()))
+    live = t.parts.index.live_slots()
+    chunk_of = dict(zip(t.parts.index["id"][live].tolist(), t.parts.index["chunk"][live].tolist()))
     table_id = t.storage.table_id
     store.close()
 
@@ -229,7 +229,7 @@ def test_a_corrupt_block_is_data_loss_naming_the_chunk_never_rows(tmp_path):
     t = store.create_table(TableSpec("t", memory_bytes=1))  # nothing stays cached in memory
     ids = t.insert(trajectories(20, tokens=64, id_prefix="c")).item_ids
     assert t.stats()["items_ssd"] == 20
-    cf = store.db.cf[t._chunks.placement.ssd.family]
+    cf = store.db.cf[t.parts.placement.ssd.family]
     key = next(k for k in cf.keys() if not k.endswith(b"\xff\xff\xff\xff"))
     value = bytearray(cf[key])
     value[len(value) // 2] ^= 0xFF
@@ -252,7 +252,7 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", memory_bytes=1))  # every read goes to the SSD tier
     ids = t.insert(data).item_ids
-    ssd = t._chunks.placement.ssd
+    ssd = t.parts.placement.ssd
     assert ssd._offsets[0].tolist() == list(range(0, 65, 2))
     expected = data.to_pylist()
 
@@ -266,8 +266,8 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert got(pick) == [expected[i] for i in pick.tolist()]
-    cf = store.db.cf[t._chunks.placement.ssd.family]
-    key = t._chunks.placement.ssd._key(0, 5)  # rows 10 and 11
+    cf = store.db.cf[t.parts.placement.ssd.family]
+    key = t.parts.placement.ssd._key(0, 5)  # rows 10 and 11
     value = bytearray(cf[key])
     value[len(value) // 2] ^= 0xFF
     cf[key] = bytes(value)
@@ -328,7 +328,7 @@ def test_durable_tiers_need_a_data_dir():
 def test_drop_table_deletes_its_data_and_a_new_table_of_that_name_starts_empty(tmp_path):
     store = Catalog(tmp_path / "d")
     store.create_table(TableSpec("t")).insert(trajectories(10, id_prefix="x"))
-    family = store.table("t")._chunks.placement.ssd.family
+    family = store.table("t").parts.placement.ssd.family
     store.drop_table("t")
     assert family not in store.db.cf  # its chunks' column family is gone, files and all
     assert list(store.db.cf["chunks"].keys()) == [] and list(store.db.cf["journal"].keys()) == []
@@ -360,7 +360,7 @@ def test_archive_moves_items_that_leave_the_window_to_the_remote_tier(tmp_path):
     assert t.archive_pending() == 1
     archived = RemoteTier(uri, "t.archive").scan(columns=["traj_id"]).read_all().column("traj_id").to_pylist()
     assert sorted(archived) == sorted([f"a0-{i}" for i in range(10)] + [f"a1-{i}" for i in range(10)])
-    assert list(store.db.cf[t._chunks.placement.ssd.family].keys()) and t.stats()["items"] == 30
+    assert list(store.db.cf[t.parts.placement.ssd.family].keys()) and t.stats()["items"] == 30
     store.close()
 
 
@@ -380,7 +380,7 @@ def test_scan_yields_live_items_with_server_columns_pruned_by_the_index(tmp_path
     assert sum(got.column("times_sampled").to_pylist()) <= 5
     with pytest.raises(InvalidArgument, match="no column 'nope'"):
         list(t.scan(["nope"]))
-    assert not t._chunks.placement._pins  # a finished scan holds nothing
+    assert not t.parts.placement.pinned()  # a finished scan holds nothing
     store.close()
 
 
@@ -412,11 +412,11 @@ def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
     first = t.stream("g", 16)
     t._prefetcher().submit(lambda: None).result()  # the read-ahead has run
     assert t.stats()["prefetched"] >= 1
-    nxt = int(t._index["chunk"][t._index.lookup(np.array([first.item_ids[-1] + 1]))][0])
-    assert t._chunks.placement.resident(nxt)
+    nxt = int(t.parts.index["chunk"][t.parts.index.lookup(np.array([first.item_ids[-1] + 1]))][0])
+    assert t.parts.placement.resident(nxt)
     ids = [int(i) for _ in range(7) for i in t.stream("g", 16).item_ids]
     t._prefetcher().submit(lambda: None).result()  # the last read-ahead has run too
-    assert ids == list(range(17, 129)) and not t._chunks.placement._pins
+    assert ids == list(range(17, 129)) and not t.parts.placement.pinned()
     store.close()
 
 
@@ -506,7 +506,7 @@ def test_blocks_are_checked_with_crc32c_and_chunks_checked_with_crc32_still_read
     store = Catalog(tmp_path / "d")
     t = store.table("t")
     new = t.insert(trajectories(20, tokens=4096, id_prefix="n")).item_ids
-    tier = t._chunks.placement.ssd
+    tier = t.parts.placement.ssd
     cf = store.db.cf[tier.family]
     metas = {int.from_bytes(k[4:12], "big"): v for k, v in cf.items() if k.endswith(b"\xff\xff\xff\xff")}
     assert [metas[c][:4] for c in sorted(metas)] == [b"EXM2", b"EXM2", b"EXM3"]
@@ -518,8 +518,8 @@ def test_blocks_are_checked_with_crc32c_and_chunks_checked_with_crc32_still_read
     for chunk, ids in ((1, old[1]), (2, new)):
         store = Catalog(tmp_path / "d")
         t = store.table("t")
-        cf = store.db.cf[t._chunks.placement.ssd.family]
-        key = t._chunks.placement.ssd._key(chunk, 1)
+        cf = store.db.cf[t.parts.placement.ssd.family]
+        key = t.parts.placement.ssd._key(chunk, 1)
         value = bytearray(cf[key])
         value[len(value) // 2] ^= 0x01
         cf[key] = bytes(value)
@@ -602,7 +602,7 @@ def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path
     assert t.stats()["items_memory"] == 0
     t.sample(64)
     t._prefetcher().submit(lambda: None).result()
-    assert t.stats()["items_memory"] == 64 and not t._chunks.placement._pins
+    assert t.stats()["items_memory"] == 64 and not t.parts.placement.pinned()
     store.close()
 
 

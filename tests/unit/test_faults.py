@@ -102,7 +102,7 @@ def test_evicting_remote_items_while_s3_is_down_succeeds_and_their_chunks_are_de
         s3 = s3server.start(int(s3.endpoint.rsplit(":", 1)[1]))
         demote_all(t)  # reaches S3 again, deletes the freed chunks, moves the new ones down
         assert len(listed(s3, bucket)) == t.stats()["remote_chunks"]  # the freed chunks are gone from S3
-        keys = t.get(t._index["id"][t._index.live_slots()]).data.column("traj_id").to_pylist()
+        keys = t.get(t.parts.index["id"][t.parts.index.live_slots()]).data.column("traj_id").to_pylist()
         assert keys == [f"{p}{i}-{j}" for p, n in (("a", 6), ("b", 3)) for i in range(n) for j in range(10)][30:]
     finally:
         store.close()
@@ -125,7 +125,7 @@ def test_a_store_restores_remote_chunks_from_its_journal_while_s3_is_down(tmp_pa
             demote_all(t)
         if rng.random() < 0.3:
             t.sample(8)
-    ids = t._index["id"][t._index.live_slots()]
+    ids = t.parts.index["id"][t.parts.index.live_slots()]
     data = t.get(ids).data
     remote, n_remote = listed(s3, bucket), t.stats()["remote_chunks"]  # (S3 may still hold freed chunks)
     assert len(remote) >= n_remote >= 3 and t.stats()["ssd_chunks"] >= 1
@@ -134,7 +134,7 @@ def test_a_store_restores_remote_chunks_from_its_journal_while_s3_is_down(tmp_pa
 
     store = down_s3_store(tmp_path, s3, bucket)  # on main: Unavailable, listing the remote tier
     t = store.table("t")
-    assert np.array_equal(t._index["id"][t._index.live_slots()], ids)
+    assert np.array_equal(t.parts.index["id"][t.parts.index.live_slots()], ids)
     assert t.stats()["remote_chunks"] == n_remote  # known from the journal
     newest = int(ids[-1])
     assert t.get([newest]).data.to_pylist() == data.slice(len(ids) - 1).to_pylist()  # SSD rows are served
@@ -143,13 +143,13 @@ def test_a_store_restores_remote_chunks_from_its_journal_while_s3_is_down(tmp_pa
     with pytest.raises(Unavailable, match="remote tier"):
         t.demote()
     t.insert(trajectories(10, tokens=256, id_prefix="late"))  # evicts remote items: fine while S3 is down
-    chunk_ids = t._index["chunk"][t._index.live_slots()]
+    chunk_ids = t.parts.index["chunk"][t.parts.index.live_slots()]
     assert chunk_ids.max() > max(remote)  # a new chunk never reuses an id the remote tier may hold
 
     s3 = s3server.start(int(s3.endpoint.rsplit(":", 1)[1]))
     try:
         demote_all(t)
-        live = t._index["id"][t._index.live_slots()]
+        live = t.parts.index["id"][t.parts.index.live_slots()]
         rows = t.get(live).data
         kept = np.isin(ids, live)
         assert rows.slice(0, int(kept.sum())).to_pylist() == data.filter(pa.array(kept)).to_pylist()

@@ -44,7 +44,7 @@ def big(tmp_path_factory):
 
 def tier_of_items(table, durable: bool = False) -> dict[int, str]:
     """item id -> the fastest tier holding it (``durable``: the SSD or remote tier)."""
-    ix, placement = table._index, table._chunks.placement
+    ix, placement = table.parts.index, table.parts.placement
     live = ix.live_slots()
     where = placement.home if durable else placement.where
     return dict(zip(ix["id"][live].tolist(), (where(c) for c in ix["chunk"][live].tolist())))
