@@ -76,7 +76,7 @@ import fcntl
 import gc
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -510,9 +510,10 @@ class RocksTier:
 
     ``nbytes`` and ``size_of`` count Arrow bytes, like every tier; ``stored_nbytes`` and
     ``stored_size_of`` count the bytes written (IPC messages; legacy blocks: zstd), the
-    SSD watermark's measure; RocksDB's LZ4 makes the files smaller. Block offsets and
-    checksums of chunks are cached after the first read of their meta key. Not
-    thread-safe for writes of one chunk id; the table serialises them.
+    SSD watermark's measure; RocksDB's LZ4 makes the files smaller. Each chunk's
+    ``Layout`` (block offsets and checksums, sizes, schema) is kept from its put, or from
+    the first read of its meta key after a restart; chunks of one schema share one schema
+    object. Not thread-safe for writes of one chunk id; the table serialises them.
     """
 
     name = "ssd"
@@ -521,13 +522,8 @@ class RocksTier:
         self.db = db
         self._owns_db = owns_db
         self._prefix = table_prefix(table_id)
-        self._offsets: dict[int, np.ndarray] = {}  # chunk -> row offsets of its blocks
-        self._checksums: dict[int, np.ndarray | None] = {}  # chunk -> checksums of its blocks (None: legacy)
-        self._algorithm: dict[int, str] = {}  # chunk -> what its block checksums are (codec.CHECKSUMS)
-        self._schema: dict[int, pa.Schema] = {}     # chunk -> its schema (shared objects)
+        self._layouts: dict[int, Layout] = {}  # chunk -> how it is stored, oldest first
         self._schemas: dict[bytes, pa.Schema] = {}  # serialized -> decoded, once per table
-        self._stored: dict[int, int] = {}  # chunk -> compressed bytes
-        self._arrow: dict[int, int] = {}   # chunk -> Arrow bytes
         self._nbytes = self.stored_nbytes = 0
         self.table_id = table_id
         self._cf = db.family(f"{CHUNK_FAMILY}{table_id}")
@@ -552,20 +548,20 @@ class RocksTier:
         return UNBOUNDED
 
     def __len__(self) -> int:
-        return len(self._stored)
+        return len(self._layouts)
 
     def __contains__(self, chunk_id: int) -> bool:
-        return chunk_id in self._stored
+        return chunk_id in self._layouts
 
     def size_of(self, chunk_id: int) -> int:
-        return self._arrow[chunk_id]
+        return self._layouts[chunk_id].arrow
 
     def stored_size_of(self, chunk_id: int) -> int:
-        return self._stored[chunk_id]
+        return self._layouts[chunk_id].stored
 
     def oldest(self) -> list[int]:
         """Chunk ids, oldest first (demotion order)."""
-        return list(self._stored)
+        return list(self._layouts)
 
     def put(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "wal") -> None:
         wb, layout = self.encode(chunk_id, batch)
@@ -594,35 +590,36 @@ class RocksTier:
         return wb, layout
 
     def commit_put(self, chunk_id: int, layout: Layout) -> None:
-        if chunk_id in self._stored:  # a put of a held id replaces it
+        """Hold a chunk whose keys are written (``encode``'s layout, or one read back)."""
+        if chunk_id in self._layouts:  # a put of a held id replaces it
             self._forget(chunk_id)
-        self._schema[chunk_id] = self._schemas.setdefault(layout.schema.serialize().to_pybytes(), layout.schema)
-        self._offsets[chunk_id], self._checksums[chunk_id] = layout.offsets, layout.checksums
-        self._algorithm[chunk_id] = layout.algorithm
-        self._stored[chunk_id], self._arrow[chunk_id] = layout.stored, layout.arrow
+        schema = self._schemas.setdefault(layout.schema.serialize().to_pybytes(), layout.schema)
+        self._layouts[chunk_id] = layout if schema is layout.schema else replace(layout, schema=schema)
         self.stored_nbytes += layout.stored
         self._nbytes += layout.arrow
 
     def _forget(self, chunk_id: int) -> None:
         self._legacy.discard(chunk_id)
-        self._offsets.pop(chunk_id, None)
-        self._checksums.pop(chunk_id, None)
-        self._algorithm.pop(chunk_id, None)
-        self._schema.pop(chunk_id, None)
-        self.stored_nbytes -= self._stored.pop(chunk_id, 0)
-        self._nbytes -= self._arrow.pop(chunk_id, 0)
+        layout = self._layouts.pop(chunk_id, None)
+        if layout is not None:
+            self.stored_nbytes -= layout.stored
+            self._nbytes -= layout.arrow
+
+    def layout(self, chunk_id: int) -> Layout:
+        """How a stored chunk is stored (its meta key is read on first use)."""
+        self._load_layouts([chunk_id])
+        return self._layouts[chunk_id]
 
     def rows_of(self, chunk_id: int) -> int:
         """The rows a stored chunk holds."""
-        self._load_offsets([chunk_id])
-        return int(self._offsets[chunk_id][-1])
+        return int(self.layout(chunk_id).offsets[-1])
 
     def get(self, chunk_ids: Iterable[int]) -> dict[int, pa.RecordBatch]:
         chunk_ids = list(dict.fromkeys(chunk_ids))
-        self._load_offsets(chunk_ids)
+        self._load_layouts(chunk_ids)
         keys, owners = [], []
         for c in chunk_ids:
-            nblocks = len(self._offsets[c]) - 1
+            nblocks = len(self._layouts[c].offsets) - 1
             keys += [self._key(c, b) for b in range(nblocks)]
             owners += [c] * nblocks
         blocks = self._read(keys, owners)
@@ -635,12 +632,12 @@ class RocksTier:
         """The blocks holding rows ``rows[i]`` of ``chunks[i]``, read in one multi-get:
         (blocks by key, key per row, row within its block), ready for ``take_rows``."""
         unique = np.unique(chunks).tolist()
-        self._load_offsets(unique)
+        self._load_layouts(unique)
         block = np.empty(len(rows), dtype=np.int64)
         local = np.empty(len(rows), dtype=np.int64)
         for c in unique:
             at = chunks == c
-            offsets = self._offsets[c]
+            offsets = self._layouts[c].offsets
             b = np.searchsorted(offsets, rows[at], side="right") - 1
             block[at], local[at] = b, rows[at] - offsets[b]
         keys = chunks.astype(np.int64) * (1 << 20) + block  # < 2**20 blocks per chunk
@@ -673,7 +670,7 @@ class RocksTier:
             wb = WriteBatch(raw_mode=True)
             wb.delete_range(self._prefix, table_prefix(self.table_id + 1), self.db.handle["chunks"])
             self.db.write(wb, "wal")
-        for c in list(self._stored):
+        for c in list(self._layouts):
             self._forget(c)
 
     def close(self) -> None:
@@ -703,7 +700,7 @@ class RocksTier:
                 found[c] = f"SSD tier, table id {self.table_id}, chunk {c}, metadata: {bad[key]}"
             elif meta is None:
                 missing.append(c)
-            elif c not in self._stored:
+            elif c not in self._layouts:
                 self.commit_put(c, Layout.decode(meta))
         if found and damaged is None:
             raise DataLoss(next(iter(found.values())), damage=dict.fromkeys(found))
@@ -739,8 +736,10 @@ class RocksTier:
         except DamagedValues as e:
             return e.values, e.damaged
 
-    def _load_offsets(self, chunk_ids: list[int]) -> None:
-        unknown = [c for c in chunk_ids if c not in self._offsets]
+    def _load_layouts(self, chunk_ids: list[int]) -> None:
+        """Read the layouts of chunks not held yet (written before a restart); NotFound
+        names the first that is not stored."""
+        unknown = [c for c in chunk_ids if c not in self._layouts]
         missing = self.load(unknown) if unknown else []
         if missing:
             raise NotFound(f"chunk {missing[0]} is not in the SSD tier")
@@ -766,12 +765,12 @@ class RocksTier:
                     raise DataLoss(f"{what}: {bad[key]}")
                 if value is None:
                     raise NotFound(f"{what} is missing")
-                checksums = self._checksums[chunk]
-                out.append(codec.decode_block(value, self._schema[chunk], what,
-                                              None if checksums is None else int(checksums[block]),
-                                              self._algorithm[chunk]))
+                layout = self._layouts[chunk]
+                out.append(codec.decode_block(value, layout.schema, what,
+                                              None if layout.checksums is None else int(layout.checksums[block]),
+                                              layout.algorithm))
             except DataLoss as e:
-                offsets = self._offsets[chunk]
+                offsets = self._layouts[chunk].offsets
                 damage.setdefault(chunk, []).append((int(offsets[block]), int(offsets[block + 1])))
                 first = first or str(e)
         if damage:

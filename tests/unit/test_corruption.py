@@ -43,7 +43,7 @@ def test_a_flipped_byte_in_a_blob_file_is_data_loss_naming_table_chunk_block_the
     ids = a.insert(trajectories(40, tokens=1024, id_prefix="a")).item_ids
     b_ids = b.insert(trajectories(10, tokens=64, id_prefix="b")).item_ids
     expected, b_expected = rows(a.get(ids).data), rows(b.get(b_ids).data)
-    offsets = a.parts.placement.ssd._offsets[0].tolist()
+    offsets = a.parts.placement.ssd.layout(0).offsets.tolist()
     assert len(offsets) > 4  # several blocks: one of them is damaged
     lo, hi = offsets[2], offsets[3]
     value = stored(store, "a", 0, 2)
@@ -276,7 +276,7 @@ def test_queries_fail_with_data_loss_then_list_the_quarantined_items(tmp_path):
     t = store.create_table(TableSpec("t", memory_bytes=1))
     ids = t.insert(trajectories(30, tokens=1024, id_prefix="q")).item_ids
     value = stored(store, "t", 0, 1)
-    lo, hi = t.parts.placement.ssd._offsets[0][1:3].tolist()
+    lo, hi = t.parts.placement.ssd.layout(0).offsets[1:3].tolist()
     flush(store.db)
     store.close()
     flip_stored(tmp_path / "d", *value)
@@ -300,7 +300,7 @@ def test_a_damaged_ssd_block_stays_behind_while_the_mover_demotes_the_rest(tmp_p
     t = store.create_table(TableSpec("t", tiers="remote", memory_bytes=1, ssd_bytes=1))
     chunks = [t.insert(trajectories(12, tokens=1024, id_prefix=f"m{i}-", seed=i)).item_ids for i in range(3)]
     value = stored(store, "t", 1, 1)  # (block 0 would share its RocksDB block with chunk 0's metadata)
-    lo, hi = t.parts.placement.ssd._offsets[1][1:3].tolist()
+    lo, hi = t.parts.placement.ssd.layout(1).offsets[1:3].tolist()
     expected = rows(t.get(chunks[1]).data)
     flush(store.db)
     store.close()
@@ -325,7 +325,7 @@ def test_archive_fragments_and_chunks_waiting_for_the_archive_are_verified(tmp_p
                                      memory_bytes=1, ssd_bytes=1 << 40))
     t.insert(trajectories(20, tokens=1024, id_prefix="old"))  # chunk 0
     waiting = stored(store, "t", 0, 1)
-    lo, hi = t.parts.placement.ssd._offsets[0][1:3].tolist()
+    lo, hi = t.parts.placement.ssd.layout(0).offsets[1:3].tolist()
     t.insert(trajectories(20, tokens=1024, id_prefix="new"))  # evicts chunk 0's items: it waits for the archive
     flush(store.db)
     store.close()

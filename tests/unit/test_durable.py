@@ -27,7 +27,7 @@ from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
 from expstore.catalog import Catalog
 from expstore.synthetic import trajectories
 from expstore.tiers.remote import RemoteTier
-from expstore.tiers.rocks import Database, Layout, RocksTier, block_offsets, table_prefix
+from expstore.tiers.rocks import Database, Layout, RocksTier, block_offsets, open_rocks_tier, table_prefix
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -253,7 +253,7 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     t = store.create_table(TableSpec("t", memory_bytes=1))  # every read goes to the SSD tier
     ids = t.insert(data).item_ids
     ssd = t.parts.placement.ssd
-    assert ssd._offsets[0].tolist() == list(range(0, 65, 2))
+    assert ssd.layout(0).offsets.tolist() == list(range(0, 65, 2))
     expected = data.to_pylist()
 
     def got(which: np.ndarray) -> list[dict]:
@@ -278,6 +278,29 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     healthy = np.r_[0:10, 12:64]
     assert got(healthy) == [expected[i] for i in healthy.tolist()]
     store.close()
+
+def test_an_ssd_tier_keeps_one_schema_object_per_schema_and_counts_each_chunk_once(tmp_path):
+    """Chunks of one schema share one decoded schema, whether put or read back after a
+    restart; a put of a held id replaces it, and the byte counters add up its chunks'."""
+    batches = [trajectories(8, seed=i).combine_chunks().to_batches()[0] for i in range(3)]
+    other = pa.record_batch({"x": pa.array([1, 2], pa.int64())})
+    tier = open_rocks_tier(tmp_path / "r", "t")
+    for c, batch in enumerate([*batches, other]):
+        tier.put(c, batch)
+    tier.put(1, batches[1])  # replaces chunk 1: counted once
+    for reopened in (False, True):
+        layouts = [tier.layout(c) for c in range(4)]
+        assert len({id(layout.schema) for layout in layouts[:3]}) == 1, reopened
+        assert layouts[3].schema is not layouts[0].schema and layouts[3].schema.names == ["x"]
+        assert tier.nbytes == sum(layout.arrow for layout in layouts) == sum(map(tier.size_of, range(4)))
+        assert tier.stored_nbytes == sum(layout.stored for layout in layouts)
+        assert len(tier) == 4 and tier.rows_of(3) == 2
+        tier.close()
+        tier = open_rocks_tier(tmp_path / "r", "t")
+    tier.delete([0, 3])
+    assert len(tier) == 2 and 3 not in tier and tier.nbytes == sum(map(tier.size_of, (1, 2)))
+    tier.close()
+
 
 
 def test_journal_records_round_trip():
