@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -68,6 +69,9 @@ class Catalog:
         self.remote_error: str | None = None  # the last failure of the mover, until a pass succeeds
         self._stop = threading.Event()
         self._mover: threading.Thread | None = None
+        # Journal snapshots are packed and written here, not under their table's lock.
+        self._snapshots = ThreadPoolExecutor(1, thread_name_prefix="expstore-snapshots") \
+            if self.db is not None else None
         if self.db is not None:
             try:
                 if remote_uri is not None:
@@ -120,7 +124,7 @@ class Catalog:
                 raise AlreadyExists(f"table {spec.name!r} exists {detail}; drop it first or use another name")
             storage = None
             if spec.tiers != "memory":
-                storage = Backing(self.db, self._next_table_id(), self._remote)
+                storage = Backing(self.db, self._next_table_id(), self._remote, self._snapshots)
             table = self._open(spec, storage)
             if storage is not None:
                 self._save(spec, storage.table_id)
@@ -177,6 +181,8 @@ class Catalog:
             self._mover.join()
         for table in self.tables():
             table.close()
+        if self._snapshots is not None:
+            self._snapshots.shutdown(wait=True)  # snapshots taken before the close are written
         if self.db is not None:
             self.db.close()
             self.db = None
@@ -290,7 +296,7 @@ class Catalog:
                     spec["schema"] = arrow_ipc.decode_schema(bytes.fromhex(record["schema"]))
                 spec = TableSpec.from_dict(spec)
                 started = time.perf_counter()
-                table = self._open(spec, Backing(self.db, table_id, self._remote))
+                table = self._open(spec, Backing(self.db, table_id, self._remote, self._snapshots))
                 self.restored[spec.name] = result = table.restore()
             except Exception as e:  # one table that cannot be opened must not keep the others closed
                 if table is not None:

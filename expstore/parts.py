@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,12 +41,14 @@ from .tiers.rocks import Database, RocksTier
 
 @dataclass(frozen=True)
 class Backing:
-    """Where a durable table keeps its data: the server's RocksDB under ``table_id``, and
-    the remote tier factory (``remote(table_name)``) when the table uses one."""
+    """Where a durable table keeps its data: the server's RocksDB under ``table_id``, the
+    remote tier factory (``remote(table_name)``) when the table uses one, and the thread
+    that writes journal snapshots (None: the table's own calls write them)."""
 
     db: Database
     table_id: int
     remote: Callable[[str], object] | None = None
+    snapshots: Executor | None = None
 
 
 @dataclass
@@ -103,7 +106,7 @@ class Parts:
             timeouts=GroupTimeouts(spec.group_timeout_s, spec.group_timeout_action)
             if spec.group_timeout_s is not None else None,
             checks=Checks(spec.ingest_checks, spec.name) if spec.ingest_checks else None,
-            journal=Journal(backing.db, backing.table_id) if durable else None,
+            journal=Journal(backing.db, backing.table_id, backing.snapshots) if durable else None,
             pacing=Pacing(spec.pacing.rollouts_per_version, spec.max_staleness, spec.pacing.lease_s,
                           spec.name, counters) if spec.pacing is not None else None,
             retention=Retention(spec.hot_retention_s, spec.hot_retention_bytes, spec.retention_s,

@@ -26,8 +26,15 @@ log = logging.getLogger("expstore.table")
 
 
 def write_snapshot(table: "Table") -> None:
-    """The whole state as one journal snapshot (index columns of live items in id order,
-    keys, codebooks, consumer groups, rate limiter); older records are dropped."""
+    """The whole state as one journal snapshot, written now (lock held); older records
+    are dropped."""
+    table.parts.journal.write_snapshot(snapshot_fields(table))
+
+
+def snapshot_fields(table: "Table") -> dict:
+    """The whole state, for a journal snapshot (lock held): index columns of live items in
+    id order, keys, codebooks, consumer groups, rate limiter, placement, quarantine. Copies
+    only: the snapshot may be packed and written after the lock is released."""
     p = table.parts
     ix = p.index
     live = ix.live_slots()
@@ -46,7 +53,7 @@ def write_snapshot(table: "Table") -> None:
         fields["retention"] = p.retention.state()
     if p.keys is not None:
         fields["removed_keys"], fields["removed_ids"] = p.keys.removed()
-    p.journal.write_snapshot(fields)
+    return fields
 
 
 def restore(table: "Table") -> dict[str, int]:

@@ -700,7 +700,7 @@ class Table:
     def changed(self) -> None:
         """Wake waiters after a change (lock held); write a snapshot when it is due."""
         if self._journal is not None and self._journal.wants_snapshot():
-            self._write_snapshot()
+            self._journal.snapshot(recovery.snapshot_fields(self))
         self._gate.wake()
 
     # -- for the table's parts (recovery.py, records.py, movement.py) ------------------
@@ -766,9 +766,6 @@ class Table:
     def read_ahead(self, chunks: list[int], *, if_room: bool = False) -> None:
         """Read chunks into the memory cache in the background (lock held; ``Mover.read_ahead``)."""
         self._mover.read_ahead(chunks, if_room=if_room)
-
-    def _write_snapshot(self) -> None:
-        recovery.write_snapshot(self)
 
     def restore(self) -> dict[str, int]:
         """Rebuild a durable table from its journal after a restart (recovery.py)."""

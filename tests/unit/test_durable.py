@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import zlib
+from concurrent.futures import Executor
 
 import numpy as np
 import pyarrow as pa
@@ -577,6 +578,67 @@ def test_blocks_reject_damage():
     for bad in (old[:-3], old[:5], old[:8] + b"\x00" * (len(old) - 8)):
         with pytest.raises(DataLoss):
             codec.decode_block(bad, batch.schema, "x")
+
+
+def test_a_due_snapshot_is_written_while_the_tables_calls_go_on(tmp_path, monkeypatch):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t"))
+    t.insert(trajectories(8, tokens=8, id_prefix="a"))
+    went_on, write = [], Journal._write
+
+    def write_while_sampling(journal, fields, upto):  # another caller samples meanwhile
+        done = threading.Event()
+        threading.Thread(target=lambda: (t.sample(2), done.set()), daemon=True).start()
+        went_on.append(done.wait(5))
+        write(journal, fields, upto)
+
+    monkeypatch.setattr(Journal, "_write", write_while_sampling)
+    due = iter([True])
+    monkeypatch.setattr(Journal, "wants_snapshot", lambda self: next(due, False))
+    t.insert(trajectories(8, tokens=8, id_prefix="b"))  # this change takes the snapshot
+    t.insert(trajectories(8, tokens=8, id_prefix="c"))
+    expected = t.get(np.arange(1, 25)).data
+    store.close()  # waits for the snapshot
+    assert went_on == [True]
+
+    store = Catalog(tmp_path / "d")
+    assert store.table("t").get(np.arange(1, 25)).data.equals(expected)
+    store.close()
+
+
+class _Held(Executor):
+    """A writer that runs what it was given when told to (``run``)."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.calls.append((fn, args, kwargs))
+
+    def run(self) -> None:
+        for fn, args, kwargs in self.calls:
+            fn(*args, **kwargs)
+
+
+def test_a_snapshot_written_late_never_replaces_a_later_one_nor_outlives_a_drop(tmp_path):
+    db = Database(tmp_path / "d")
+    writer = _Held()
+    j = Journal(db, 1, writer)
+    j.append("x", n=1)
+    j.snapshot({"state": "after 1"})  # waits for the writer
+    j.append("x", n=2)
+    j.write_snapshot({"state": "after 2"})  # taken later, written first
+    j.append("x", n=3)
+    writer.run()
+    snapshot, records = Journal(db, 1).load()
+    assert snapshot["state"] == "after 2" and [f["n"] for _, f in records] == [3]
+
+    j.snapshot({"state": "after 3"})
+    j.drop()
+    writer.run()
+    snapshot, records = Journal(db, 1).load()
+    assert snapshot is None and list(records) == []
+    db.close()
 
 
 def test_concurrent_fsync_callers_share_one_fsync(tmp_path):
