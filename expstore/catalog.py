@@ -109,6 +109,13 @@ class Catalog:
         self._mover = threading.Thread(target=run, name="expstore-mover", daemon=True)
         self._mover.start()
 
+    def wait_for_snapshots(self) -> None:
+        """Return once the journal snapshots taken so far are written (they are written
+        while the tables' calls go on: a benchmark timing calls after building a large
+        table waits for its snapshot first)."""
+        if self._snapshots is not None:
+            self._snapshots.submit(lambda: None).result()
+
     def create_table(self, spec: TableSpec, *, if_not_exists: bool = False) -> Table:
         """Create a table. With ``if_not_exists``, an existing table of the same spec is
         returned; one with a different spec is still ALREADY_EXISTS."""

@@ -598,8 +598,9 @@ def test_a_due_snapshot_is_written_while_the_tables_calls_go_on(tmp_path, monkey
     t.insert(trajectories(8, tokens=8, id_prefix="b"))  # this change takes the snapshot
     t.insert(trajectories(8, tokens=8, id_prefix="c"))
     expected = t.get(np.arange(1, 25)).data
-    store.close()  # waits for the snapshot
+    store.wait_for_snapshots()
     assert went_on == [True]
+    store.close()
 
     store = Catalog(tmp_path / "d")
     assert store.table("t").get(np.arange(1, 25)).data.equals(expected)
