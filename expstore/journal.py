@@ -141,10 +141,13 @@ class Journal:
         nothing: the records it would have dropped are still there. Without a writer, as
         ``write_snapshot``."""
         upto, self.bytes_since_snapshot = self._next, 0
-        if self._writer is None:
-            self._write(fields, upto)
-        else:
-            self._writer.submit(self._write_later, fields, upto)
+        if self._writer is not None:
+            try:
+                self._writer.submit(self._write_later, fields, upto)
+                return
+            except RuntimeError:  # the catalog is closing (its writer is shut down)
+                pass
+        self._write(fields, upto)
 
     def write_snapshot(self, fields: dict[str, Any]) -> None:
         """Store a snapshot of the whole table state (after the records so far) now."""

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import zlib
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -639,6 +639,18 @@ def test_a_snapshot_written_late_never_replaces_a_later_one_nor_outlives_a_drop(
     writer.run()
     snapshot, records = Journal(db, 1).load()
     assert snapshot is None and list(records) == []
+    db.close()
+
+
+def test_a_snapshot_taken_once_the_writer_is_shut_down_is_written_by_its_caller(tmp_path):
+    db = Database(tmp_path / "d")
+    writer = ThreadPoolExecutor(1)
+    writer.shutdown()  # the catalog is closing
+    j = Journal(db, 1, writer)
+    j.append("x", n=1)
+    j.snapshot({"state": "after 1"})
+    snapshot, records = Journal(db, 1).load()
+    assert snapshot["state"] == "after 1" and list(records) == []
     db.close()
 
 
