@@ -723,6 +723,11 @@ class Table:
         """Inserts and priority updates so far (the next "touched" value)."""
         return self._touches
 
+    @property
+    def allowance(self) -> int:
+        """Samples the live items may still take under ``max_times_sampled`` (0 without it)."""
+        return self._removals.allowance
+
     def restore_counts(self, *, touches: int, allowance: int) -> None:
         """Set the counters a snapshot holds (recovery)."""
         self._touches = touches

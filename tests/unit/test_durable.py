@@ -46,7 +46,7 @@ def state(table) -> dict:
     s["touches"] = table.touches
     s["version"] = table.policy_version
     s["limiter"] = {k: table.parts.limiter.state()[k] for k in ("inserts", "samples", "deletes")}
-    s["allowance"] = table._removals.allowance
+    s["allowance"] = table.allowance
     s["groups"] = {n: {k: v for k, v in g.to_dict(0.0).items() if k != "deadlines"}
                    for n, g in table.parts.consumers.items()}
     s["eligible"] = len(table.parts.sampler)
