@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .prefixes import is_marked, is_shared, take_whole, whole_rows, whole_schema
+from .prefixes import is_shared, marked_names, take_whole, whole_rows, whole_schema
 
 TAKE_BELOW_ROW_BYTES = 2048  # rows smaller than this are taken, larger ones sliced ...
 TAKE_FROM_ROWS = 16          # ... when a segment has this many (a take costs ~10 slices)
@@ -76,7 +76,7 @@ def _take_shared(batches: dict[int, pa.RecordBatch], used: list[pa.RecordBatch],
     prefixes and some maybe not (a chunk whose rows share no prompt is stored as sent): the
     other columns as ``take_rows`` gathers them, each column shared in any chunk rebuilt by
     ``prefixes.take_whole`` from every chunk's form of it."""
-    shared = sorted({f.name for b in used for f in b.schema if is_marked(f)})
+    shared = sorted(frozenset().union(*(marked_names(b.schema) for b in used)))
     others = take_rows({k: b.drop_columns(shared) for k, b in batches.items()}, chunks, rows,
                        pa.schema([f for f in whole if f.name not in shared]))
     starts = np.flatnonzero(np.r_[True, chunks[1:] != chunks[:-1]]).tolist() + [len(chunks)]
