@@ -94,7 +94,8 @@ def limit_malloc_arenas(arenas: int) -> bool:
     the memory freed in it (all the more with ``keep_freed_memory``): the
     gRPC, RocksDB and engine threads left ~20 MB each mapped and mostly empty. Measured
     here, 8,192 items of ~36 KiB in a memory table: RSS 1.21-1.28x the Arrow payload with
-    glibc's default, 1.11-1.12x with 2 arenas, 1.08-1.09x with 1. Python's own objects
+    glibc's default, 1.11-1.12x with 2 arenas, 1.08-1.09x with 1 (measured again in
+    alternating runs: 1.10x with 2, 1.12-1.16x with 1, so 1 is no better). Python's own objects
     are allocated under the GIL, so few threads contend for malloc at once. A no-op off glibc.
     """
     return arenas > 0 and _mallopt((M_ARENA_MAX, arenas))
