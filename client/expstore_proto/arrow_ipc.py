@@ -39,12 +39,40 @@ def decode_schema(data: bytes) -> pa.Schema:
 
 
 def split_rows(data: pa.RecordBatch | pa.Table, max_bytes: int) -> list:
-    """Zero-copy slices of consecutive rows, each at most ``max_bytes`` by its rows'
-    sizes (``ipc_size.row_bytes``), or a single row larger than that on its own: a few
-    long rows among short ones never share a slice that passes the limit."""
+    """Zero-copy slices of consecutive rows, each at most ``max_bytes`` by Arrow's
+    ``nbytes`` of the slice, or a single row larger than that on its own: a few long rows
+    among short ones never share a slice that passes the limit.
+
+    Cut into even runs of rows by the bytes of the whole, then any run still over the
+    limit cut again: ``nbytes`` of a slice is read in C++ from its buffers' ranges
+    (~30 us), where every row's size in Python (``ipc_size.row_bytes``) took 1.1-1.3 ms
+    for 256 rows of 36 KiB, on every sample and insert of more than one message. With
+    dictionaries, whose ``nbytes`` counts each dictionary once, rows are cut by their
+    sizes with the dictionaries expanded.
+    """
     n = data.num_rows
-    if n == 0 or (data.nbytes <= max_bytes and not ipc_size.has_dictionary(data.schema)):
+    dictionaries = ipc_size.has_dictionary(data.schema)
+    if n == 0 or (data.nbytes <= max_bytes and not dictionaries):
         return [data]
+    if dictionaries:
+        return _split_by_row_bytes(data, max_bytes)
+    parts: list = []
+    _cut(data, max(1, max_bytes), parts)
+    return parts
+
+
+def _cut(data: pa.RecordBatch | pa.Table, max_bytes: int, parts: list) -> None:
+    n, size = data.num_rows, data.nbytes
+    if n == 1 or size <= max_bytes:
+        parts.append(data)
+        return
+    bounds = np.linspace(0, n, min(n, -(-size // max_bytes)) + 1).astype(np.int64).tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        _cut(data.slice(start, end - start), max_bytes, parts)
+
+
+def _split_by_row_bytes(data: pa.RecordBatch | pa.Table, max_bytes: int) -> list:
+    n = data.num_rows
     ends = np.cumsum(ipc_size.row_bytes(data))
     parts, start = [], 0
     while start < n:

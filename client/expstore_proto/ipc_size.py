@@ -12,7 +12,8 @@ Dictionary encoding is the other way to be small on the wire: conforming a dicti
 column to its plain type repeats an entry per row (a 4 MB string referenced 300 times
 is 1.2 GB). :func:`row_bytes` gives every row's size with dictionaries expanded, from
 offsets and widths alone (vectorised, nothing copied), for refusing rows no response
-message could carry and for splitting batches by their rows' real sizes.
+message could carry and for splitting batches with dictionaries by their rows' real
+sizes.
 """
 
 from __future__ import annotations

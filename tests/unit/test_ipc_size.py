@@ -102,6 +102,28 @@ def test_split_rows_keeps_every_slice_within_the_limit_or_alone():
     assert arrow_ipc.split_rows(data, data.nbytes) == [data]
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 3_000), min_size=1, max_size=60), limit=st.integers(1, 40_000),
+       dictionary=st.booleans())
+def test_split_rows_cuts_any_rows_in_order_within_the_limit(lengths, limit, dictionary):
+    """Rows of any sizes: the slices hold every row once, in order; each is within the
+    limit (by Arrow's bytes, or with dictionaries by the rows' expanded sizes) or is one
+    row; and rows of one size take at most twice the fewest messages the limit allows."""
+    tags = pa.array([f"t{i % 3}" for i in range(len(lengths))])
+    data = pa.table({"i": np.arange(len(lengths)),
+                     "tokens": pa.array([list(range(k)) for k in lengths], pa.list_(pa.int32())),
+                     "tag": tags.dictionary_encode() if dictionary else tags})
+    parts = arrow_ipc.split_rows(data, limit)
+    assert pa.concat_tables(parts).column("i").to_pylist() == list(range(len(lengths)))
+    for p in parts:
+        size = int(ipc_size.row_bytes(p).sum()) if dictionary else p.nbytes
+        assert p.num_rows == 1 or size <= limit
+    even = pa.table({"tokens": pa.array([[7] * 500] * len(lengths), pa.list_(pa.int32()))})
+    row = even.slice(0, 1).nbytes
+    fewest = -(-len(lengths) // max(1, limit // row))
+    assert len(arrow_ipc.split_rows(even, limit)) <= 2 * fewest
+
+
 def test_schema_memo_answers_equal_schemas_from_memory():
     """A producer's schema, call after call, is walked once; another schema (a name or a
     type apart) is walked again; an answer that raised is not remembered."""
