@@ -252,6 +252,11 @@ class Mover:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{self.table.name}")
         return self._pool
 
+    def wait_for_read_ahead(self) -> None:
+        """Return once every read-ahead asked for so far has run (its one thread runs
+        them in order)."""
+        self.pool().submit(lambda: None).result()
+
     def _prefetch(self, chunks: list[int]) -> None:
         """Read chunks a stream will need next into the memory cache (the read-ahead
         thread; the chunks are pinned), so consumers of a cold stream do not wait on the disk."""

@@ -532,9 +532,10 @@ class Table:
         """(item ids, policy versions) sampled for training step ``step``, in order."""
         return self._streams.manifest(step)
 
-    def _prefetcher(self):
-        """The read-ahead thread (``Mover.pool``)."""
-        return self._mover.pool()
+    def wait_for_read_ahead(self) -> None:
+        """Return once the read-ahead asked for so far has run (``Mover.wait_for_read_ahead``):
+        what a test or an operator reading the memory cache's contents waits for."""
+        self._mover.wait_for_read_ahead()
 
     def demote(self) -> int:
         """One pass of the store's mover over the remote tier (``Mover.demote``)."""

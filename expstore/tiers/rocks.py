@@ -583,10 +583,10 @@ class RocksTier:
         for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
             value = codec.encode_block(prefixes.compact(batch.slice(lo, hi - lo)))
             checksums[b] = codec.block_checksum(value)
-            wb.put(self._key(chunk_id, b), value, h)
+            wb.put(self.block_key(chunk_id, b), value, h)
             size += len(value)
         layout = Layout(offsets, checksums, size, arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM)
-        wb.put(self._key(chunk_id, _META_BLOCK), layout.encode(), h)
+        wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), h)
         return wb, layout
 
     def commit_put(self, chunk_id: int, layout: Layout) -> None:
@@ -620,7 +620,7 @@ class RocksTier:
         keys, owners = [], []
         for c in chunk_ids:
             nblocks = len(self._layouts[c].offsets) - 1
-            keys += [self._key(c, b) for b in range(nblocks)]
+            keys += [self.block_key(c, b) for b in range(nblocks)]
             owners += [c] * nblocks
         blocks = self._read(keys, owners)
         out: dict[int, list] = {c: [] for c in chunk_ids}
@@ -642,7 +642,7 @@ class RocksTier:
             block[at], local[at] = b, rows[at] - offsets[b]
         keys = chunks.astype(np.int64) * (1 << 20) + block  # < 2**20 blocks per chunk
         wanted = np.unique(keys).tolist()
-        batches = self._read([self._key(k >> 20, k & 0xFFFFF) for k in wanted], [k >> 20 for k in wanted])
+        batches = self._read([self.block_key(k >> 20, k & 0xFFFFF) for k in wanted], [k >> 20 for k in wanted])
         return dict(zip(wanted, batches)), keys, local
 
     def delete(self, chunk_ids: Iterable[int]) -> None:
@@ -653,7 +653,7 @@ class RocksTier:
         for c in chunk_ids:
             family = self.db.handle.get(self._family_of(c))
             if family is not None:
-                wb.delete_range(self._key(c, 0), self._key(c + 1, 0), family)
+                wb.delete_range(self.block_key(c, 0), self.block_key(c + 1, 0), family)
                 writes = True
             gone.append(c)
         if writes:
@@ -684,7 +684,7 @@ class RocksTier:
         chunk whose metadata is damaged is unreadable whole: it goes into ``damaged``
         (id -> why) when given; otherwise DataLoss names it, after the others are loaded."""
         chunk_ids = list(chunk_ids)
-        keys = [self._key(c, _META_BLOCK) for c in chunk_ids]
+        keys = [self.block_key(c, _META_BLOCK) for c in chunk_ids]
         metas, bad = self._get_checked(self._cf, keys)
         if self._has_legacy and any(m is None for m in metas):  # written by an older version?
             older = [i for i, m in enumerate(metas) if m is None and keys[i] not in bad]
@@ -718,10 +718,12 @@ class RocksTier:
         return [int.from_bytes(k[4:12], "big") for cf in self._families() for k, _ in self.db.items(cf, self._prefix)
                 if k[12:] == _META_BLOCK.to_bytes(4, "big")]
 
-    # -- internals ----------------------------------------------------------------------
-
-    def _key(self, chunk_id: int, block: int) -> bytes:
+    def block_key(self, chunk_id: int, block: int) -> bytes:
+        """The RocksDB key of a chunk's block (block 0xFFFFFFFF: its meta value): how
+        the corruption tests reach one stored block to damage it."""
         return self._prefix + chunk_id.to_bytes(8, "big") + block.to_bytes(4, "big")
+
+    # -- internals ----------------------------------------------------------------------
 
     def _families(self) -> list[str]:
         return [self._cf, "chunks"] if self._has_legacy else [self._cf]

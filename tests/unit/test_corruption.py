@@ -28,7 +28,7 @@ META = 0xFFFFFFFF
 def stored(store: Catalog, table: str, chunk: int, block: int) -> tuple[bytes, bytes]:
     """(key, value) of a chunk's block (or META) in the SSD tier, for ``flip_stored``."""
     ssd = store.table(table).parts.placement.ssd
-    key = ssd._key(chunk, block)
+    key = ssd.block_key(chunk, block)
     return key, store.db.get(ssd.family, [key])[0]
 
 

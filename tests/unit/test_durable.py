@@ -268,7 +268,7 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     t = store.table("t")
     assert got(pick) == [expected[i] for i in pick.tolist()]
     cf = store.db.cf[t.parts.placement.ssd.family]
-    key = t.parts.placement.ssd._key(0, 5)  # rows 10 and 11
+    key = t.parts.placement.ssd.block_key(0, 5)  # rows 10 and 11
     value = bytearray(cf[key])
     value[len(value) // 2] ^= 0xFF
     cf[key] = bytes(value)
@@ -419,7 +419,7 @@ def test_a_stream_reads_ahead_only_what_the_cache_can_hold(tmp_path):
     store = Catalog(tmp_path / "d")
     t = store.table("t")
     ids = [int(i) for _ in range(4) for i in t.stream("g", 16).item_ids]
-    t._prefetcher().submit(lambda: None).result()
+    t.wait_for_read_ahead()
     assert ids == list(range(1, 65)) and t.stats()["prefetched"] == 0
     store.close()
 
@@ -434,12 +434,12 @@ def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
     t = store.table("t")
     assert t.stats()["memory_chunks"] == 0
     first = t.stream("g", 16)
-    t._prefetcher().submit(lambda: None).result()  # the read-ahead has run
+    t.wait_for_read_ahead()  # the read-ahead has run
     assert t.stats()["prefetched"] >= 1
     nxt = int(t.parts.index["chunk"][t.parts.index.lookup(np.array([first.item_ids[-1] + 1]))][0])
     assert t.parts.placement.resident(nxt)
     ids = [int(i) for _ in range(7) for i in t.stream("g", 16).item_ids]
-    t._prefetcher().submit(lambda: None).result()  # the last read-ahead has run too
+    t.wait_for_read_ahead()  # the last read-ahead has run too
     assert ids == list(range(17, 129)) and not t.parts.placement.pinned()
     store.close()
 
@@ -459,12 +459,12 @@ def legacy_encode(tier: RocksTier, chunk_id: int, batch: pa.RecordBatch):
     wb, size, h = WriteBatch(raw_mode=True), 0, tier.db.handle["chunks"]
     for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         value = legacy_block(batch.slice(lo, hi - lo))
-        wb.put(tier._key(chunk_id, b), value, h)
+        wb.put(tier.block_key(chunk_id, b), value, h)
         size += len(value)
     arrow = batch.get_total_buffer_size()
     meta = len(offsets).to_bytes(4, "little") + offsets.tobytes() + size.to_bytes(8, "little") + \
         arrow.to_bytes(8, "little") + batch.schema.serialize().to_pybytes()
-    wb.put(tier._key(chunk_id, 0xFFFFFFFF), meta, h)
+    wb.put(tier.block_key(chunk_id, 0xFFFFFFFF), meta, h)
     return wb, Layout(offsets, None, size, arrow, batch.schema)
 
 
@@ -480,7 +480,7 @@ def test_a_data_dir_written_in_the_legacy_block_format_reads_back_exactly(tmp_pa
         expected = rows_of(t, np.concatenate(old))  # from the memory cache
         store.close()
     raw = Database(tmp_path / "d")
-    assert raw.get("chunks", [RocksTier(raw, 1)._key(0, 0)])[0][:4] == b"EXK1"  # written the old way
+    assert raw.get("chunks", [RocksTier(raw, 1).block_key(0, 0)])[0][:4] == b"EXK1"  # written the old way
     raw.close()
 
     store = Catalog(tmp_path / "d")
@@ -505,13 +505,13 @@ def crc32_encode(tier: RocksTier, chunk_id: int, batch: pa.RecordBatch):
     for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         value = batch.slice(lo, hi - lo).serialize().to_pybytes()
         crcs.append(zlib.crc32(value))
-        wb.put(tier._key(chunk_id, b), value, h)
+        wb.put(tier.block_key(chunk_id, b), value, h)
         size += len(value)
     arrow = batch.get_total_buffer_size()
     meta = b"EXM2" + len(offsets).to_bytes(4, "little") + offsets.astype("<i8").tobytes() + \
         np.array(crcs, "<u4").tobytes() + size.to_bytes(8, "little") + arrow.to_bytes(8, "little") + \
         batch.schema.serialize().to_pybytes()
-    wb.put(tier._key(chunk_id, 0xFFFFFFFF), meta, h)
+    wb.put(tier.block_key(chunk_id, 0xFFFFFFFF), meta, h)
     return wb, Layout(offsets, np.array(crcs, np.uint32), size, arrow, batch.schema, "crc32")
 
 
@@ -534,7 +534,7 @@ def test_blocks_are_checked_with_crc32c_and_chunks_checked_with_crc32_still_read
     cf = store.db.cf[tier.family]
     metas = {int.from_bytes(k[4:12], "big"): v for k, v in cf.items() if k.endswith(b"\xff\xff\xff\xff")}
     assert [metas[c][:4] for c in sorted(metas)] == [b"EXM2", b"EXM2", b"EXM3"]
-    block = cf[tier._key(2, 0)]
+    block = cf[tier.block_key(2, 0)]
     assert Layout.decode(metas[2]).checksums[0] == codec.block_checksum(block) != zlib.crc32(block)
     assert rows_of(t, np.concatenate(old)) == expected and t.get(new).data.num_rows == 20
     store.close()
@@ -543,7 +543,7 @@ def test_blocks_are_checked_with_crc32c_and_chunks_checked_with_crc32_still_read
         store = Catalog(tmp_path / "d")
         t = store.table("t")
         cf = store.db.cf[t.parts.placement.ssd.family]
-        key = t.parts.placement.ssd._key(chunk, 1)
+        key = t.parts.placement.ssd.block_key(chunk, 1)
         value = bytearray(cf[key])
         value[len(value) // 2] ^= 0x01
         cf[key] = bytes(value)
@@ -699,7 +699,7 @@ def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path
     t = store.table("t")
     assert t.stats()["items_memory"] == 0
     t.sample(64)
-    t._prefetcher().submit(lambda: None).result()
+    t.wait_for_read_ahead()
     assert t.stats()["items_memory"] == 64 and not t.parts.placement.pinned()
     store.close()
 

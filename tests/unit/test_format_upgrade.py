@@ -86,7 +86,7 @@ def scanned(table, drop=("tier",)) -> list[dict]:
 def test_a_data_dir_written_by_the_previous_format_opens_and_reads_back_exactly(tmp_path):
     data, expected = written_by_legacy_code(tmp_path)
     raw = Database(data)
-    assert raw.get("chunks", [RocksTier(raw, 1)._key(0, 0)])[0][:4] == b"EXK1"  # the previous format
+    assert raw.get("chunks", [RocksTier(raw, 1).block_key(0, 0)])[0][:4] == b"EXK1"  # the previous format
     raw.close()
 
     store = Catalog(data)
