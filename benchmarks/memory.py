@@ -5,7 +5,9 @@ For each kind (a memory table, ``tiers = "memory"``; the DEFAULT durable table, 
 glibc malloc settings) gets one trajectory table (uniform sampler, max_size and memory
 budget far above the load). Its idle RSS (VmRSS from /proc, after CreateTable) is the
 baseline. Then one sync Client inserts batches of 256 x ~36 KiB rows (fresh traj_ids
-each) until ``target`` payload bytes are in; after a 1 s pause RSS is read again.
+each) until ``target`` payload bytes are in; after a 1 s pause RSS is read again (by then
+the server is at rest and has returned the memory malloc held freed, ``malloc_trim_idle_s``;
+VmHWM is the peak under load, with gRPC's receive buffers).
 Reported: the payload as the client's Arrow ``nbytes`` and as the server's
 ``memory_bytes`` stat, the RSS growth over the baseline (and peak VmHWM), and growth /
 payload. A durable table holds its rows in its memory cache too, and RocksDB adds its

@@ -71,6 +71,7 @@ class ServerConfig:
     log_level: str = "info"
     keep_freed_memory: bool = True  # glibc keeps freed buffers mapped (see main.keep_freed_memory)
     malloc_arenas: int = 2  # glibc's malloc arenas, all threads together (0: glibc's default; main.limit_malloc_arenas)
+    malloc_trim_idle_s: float = 0.5  # freed memory goes back to the OS once malloc was still this long (0: never; main.IdleTrim)
     audit_log: str | None = None  # default: <data_dir>/audit.jsonl
     audit_log_max_bytes: int = 64 << 20  # the audit log rotates at this size (0: never)
     audit_log_backups: int = 4  # rotated audit logs kept
@@ -131,6 +132,8 @@ class ServerConfig:
             raise InvalidArgument("workers must be >= 1")
         if self.malloc_arenas < 0:
             raise InvalidArgument(f"malloc_arenas must be >= 0 (0: glibc's default), got {self.malloc_arenas}")
+        if not self.malloc_trim_idle_s >= 0:
+            raise InvalidArgument(f"malloc_trim_idle_s must be >= 0 (0: never), got {self.malloc_trim_idle_s}")
         if self.query_workers < 1 or self.query_queue < 0 or self.query_threads < 1:
             raise InvalidArgument("query_workers and query_threads must be >= 1, query_queue >= 0")
         if not self.query_timeout_s > 0 or self.query_memory_bytes < 16 << 20 or self.query_temp_bytes < 0:
