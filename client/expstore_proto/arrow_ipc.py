@@ -34,6 +34,28 @@ def decode(data) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
+def messages(data) -> tuple[pa.ipc.Message, list[pa.ipc.Message]]:
+    """An IPC stream's first message (its schema) and the messages after it, up to its
+    end: framed once, nothing decoded (bodies point into ``data``). Raises ValueError
+    (or pa.ArrowInvalid) when the stream is malformed or does not start with a schema."""
+    reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(data))
+    try:
+        first = reader.read_next_message()
+    except StopIteration:
+        raise ValueError("the stream has no schema message") from None
+    if first.type != "schema":
+        raise ValueError(f"the stream starts with a {first.type} message, not a schema")
+    return first, list(reader)
+
+
+def read_batches(schema: pa.Schema, messages: list[pa.ipc.Message]) -> list[pa.RecordBatch]:
+    """The record batches of record batch messages of a stream of ``schema`` whose byte
+    order is this machine's and which has no dictionaries (``pa.ipc.read_record_batch``
+    neither swaps bytes nor reads dictionary batches: ``decode`` does both). Buffers
+    point into the messages' bodies, unless compressed."""
+    return [pa.ipc.read_record_batch(m, schema) for m in messages]
+
+
 def decode_schema(data: bytes) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(data))
 
