@@ -158,14 +158,14 @@ def insert_requests(table: str, data: pa.Table, priorities: Sequence[float] | No
 
     def requests() -> Iterator[bytes]:
         start = 0
-        for i, part in enumerate(arrow_ipc.split_rows(data, message_bytes)):
+        for i, (part, payload) in enumerate(arrow_ipc.encode_parts(data, message_bytes, compress=compress)):
             req = pb.InsertRequest()
             if i == 0:
                 req.table, req.timeout_s, req.durability = table, timeout, DURABILITY[durability]
             if pr is not None:
                 req.priorities.extend(pr[start:start + part.num_rows].tolist())
             start += part.num_rows
-            yield framing.encode(req, INSERT_PAYLOAD, arrow_ipc.encode(part, compress=compress))
+            yield framing.encode(req, INSERT_PAYLOAD, payload)
 
     return requests()
 

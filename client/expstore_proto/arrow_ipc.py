@@ -60,6 +60,19 @@ def decode_schema(data: bytes) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(data))
 
 
+def encode_parts(data: pa.RecordBatch | pa.Table, max_bytes: int, *, compress: bool = False) -> list[tuple]:
+    """``split_rows``'s slices, each with its IPC stream (``encode``). Rows that fit in one
+    message are encoded once and measured instead of summed (``nbytes`` costs ~3 us a
+    column, ~40 us for a trajectory's): an uncompressed stream holds every buffer a
+    reader counts, at its length, so its own length bounds what they take once read."""
+    if not compress and data.num_rows and data.get_total_buffer_size() <= max_bytes \
+            and not ipc_size.has_dictionary(data.schema):
+        whole = encode(data)
+        if whole.size <= max_bytes:
+            return [(data, whole)]
+    return [(part, encode(part, compress=compress)) for part in split_rows(data, max_bytes)]
+
+
 def split_rows(data: pa.RecordBatch | pa.Table, max_bytes: int) -> list:
     """Zero-copy slices of consecutive rows, each at most ``max_bytes`` by Arrow's
     ``nbytes`` of the slice, or a single row larger than that on its own: a few long rows

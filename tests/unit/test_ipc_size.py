@@ -202,3 +202,21 @@ def test_schema_message_memo_remembers_by_bytes_and_only_small_messages():
     for _ in range(2):
         assert memo(small).names == ["a"] and memo(other).names == ["b"] and memo(big).names == ["x" * 2000]
     assert calls.count(small) == 1 and calls.count(other) == 1 and calls.count(big) == 2
+
+
+def test_encode_parts_measures_one_message_and_splits_the_rest_by_row_sizes():
+    small = trajectories(8, tokens=20)
+    ((part, payload),) = arrow_ipc.encode_parts(small, 1 << 20)
+    assert part is small and arrow_ipc.decode(payload).equals(small)
+    long = trajectories(40, tokens=2000)
+    parts = arrow_ipc.encode_parts(long, 100_000)
+    assert [p.num_rows for p, _ in parts] == [p.num_rows for p in arrow_ipc.split_rows(long, 100_000)]
+    assert len(parts) > 1 and pa.concat_tables([arrow_ipc.decode(b) for _, b in parts]).equals(long)
+    # Columns over one array's buffers: their total size counts them once, a reader each time.
+    column = pa.array([b"x" * 1000] * 100, pa.binary())
+    shared = pa.table({f"c{i}": column for i in range(20)})
+    assert shared.get_total_buffer_size() < 200_000 < shared.nbytes
+    parts = arrow_ipc.encode_parts(shared, 200_000)
+    assert len(parts) > 1 and all(ipc_size.decoded_bytes(b) <= 200_000 for _, b in parts)
+    compressed = arrow_ipc.encode_parts(small, 1 << 20, compress=True)
+    assert len(compressed) == 1 and arrow_ipc.decode(compressed[0][1]).equals(small)
