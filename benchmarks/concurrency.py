@@ -10,7 +10,10 @@ server of ``raw_grpc`` (grpc.aio channels, each call one client-streaming ``Uplo
 one message the size of the batch's Arrow IPC stream): the ceiling for this call mix.
 The 10,000-producer row (``TEN_K``: one insert each, 16 channels) runs on a fresh server
 with the DEFAULT durable table, directly (no batcher), against its own raw ceiling; then
-again with the inserts spread over a window (``run``).
+again with the inserts spread over a window (``run``). Its bursts also report the CPU
+each call cost the server process (all its threads) and this client process
+(``cpu_ms_per_call``): on a machine whose cores the client shares with the server, calls/s
+follow the two together, and the CPU per call varies less from run to run than calls/s.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from expstore.synthetic import trajectories
 from expstore_client import AsyncClient
 
 from . import raw_grpc, server
+from .agentic_scale import cpu_seconds, own_cpu_seconds
 from .wire import relabel
 
 
@@ -109,6 +113,16 @@ async def _raw_producers(address: str, producers: int, channels: int, calls: int
     return {"message_bytes": len(message), **out, "items_per_s": out["calls_per_s"] * rows}
 
 
+def with_cpu(srv: server.ServerProcess, burst: Callable[[], dict]) -> dict:
+    """``burst()``'s figures and the CPU ms per call it cost the server and this process."""
+    before = cpu_seconds(srv.pid), own_cpu_seconds()
+    out = burst()
+    calls = max(out["inserts"], 1)
+    out["cpu_ms_per_call"] = {"server": 1e3 * (cpu_seconds(srv.pid) - before[0]) / calls,
+                              "client": 1e3 * (own_cpu_seconds() - before[1]) / calls}
+    return out
+
+
 TEN_K = dict(producers=10_000, channels=16, calls=1, rows=8)
 PACED_SHARE = 0.5  # the paced 10,000 producers offer this share of the raw burst's calls/s
 
@@ -123,10 +137,10 @@ def run(quick: bool) -> dict:
         out = asyncio.run(_producers(srv.address, **shape))
         out["batched"] = asyncio.run(_batched_producers(srv.address, **shape))
     with server.start_expstore() as srv:
-        out["10k"] = asyncio.run(_producers(srv.address, **TEN_K))
+        out["10k"] = with_cpu(srv, lambda: asyncio.run(_producers(srv.address, **TEN_K)))
     with raw_grpc.start() as srv:
         out["raw"] = asyncio.run(_raw_producers(srv.address, **shape))
-        out["10k"]["raw"] = asyncio.run(_raw_producers(srv.address, **TEN_K))
+        out["10k"]["raw"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K)))
         spread_s = TEN_K["producers"] / (PACED_SHARE * out["10k"]["raw"]["calls_per_s"])
         paced_raw = asyncio.run(_raw_producers(srv.address, **TEN_K, spread_s=spread_s))
     with server.start_expstore() as srv:
