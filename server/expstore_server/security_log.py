@@ -3,8 +3,10 @@
 Tokens are never written, only the name of the token that authenticated the call. The
 event loop only clips and enqueues an entry's fields (~2 us; formatting it there too
 took ~10 us a call); a writer thread formats and appends whatever is queued and flushes once
-per batch, so a busy server pays one flush per burst, not per call, and a crash loses
-at most the lines queued in the last moments. ``close`` drains the queue.
+per batch, waiting 10 ms after a batch that emptied the queue, so a busy server pays
+one write and flush per burst (at most ~100 a second), not per call (measured, 2,000
+lines a second, the recording included: ~23 us of CPU a line, ~56 us without the wait),
+and a crash loses at most the lines queued in the last moments. ``close`` drains the queue.
 
 The log is bounded: every field a client chose (a table name, a detail naming a consumer
 group) is clipped to ``clip.FIELD_CHARS`` characters with a marker, and the file rotates
@@ -27,6 +29,7 @@ from .clip import clip
 
 _STOP = None
 _BURST_BYTES = 1 << 20  # lines written (and flushed) together at most (and at most max_bytes)
+_LINGER_S = 0.01  # after a burst that emptied the queue, before the next: a write and a flush per 10 ms at most
 
 
 class SecurityLog:
@@ -71,6 +74,8 @@ class SecurityLog:
                 self._handler.emit(logging.makeLogRecord({"msg": "".join(burst)}))
             if line is _STOP:
                 return
+            if pending is None:  # the queue is empty: the lines of the next moments go out together
+                time.sleep(_LINGER_S)
 
 
 _encode = json.JSONEncoder(separators=(",", ":")).encode
