@@ -290,7 +290,7 @@ class Servicer:
         result = await self._inserts.insert(table, Pending(parts, priorities, durability, nbytes, alone), arrival,
                                             None if remaining is None else max(0.0, remaining - 0.05))
         call.detail = f"rows={len(priorities)} inserted={result.num_inserted} duplicates={result.num_duplicates}"
-        return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
+        return pb.InsertResponse(item_ids=result.item_ids.tolist(), num_inserted=result.num_inserted,
                                  num_duplicates=result.num_duplicates, num_stale=result.num_stale)
 
     def _arrival(self, kind: str, context) -> tuple[str, Arrival]:
