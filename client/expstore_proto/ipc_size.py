@@ -146,6 +146,28 @@ class _Flatbuffer:
         return table + offset if offset else None
 
 
+class _Recent:
+    """The answers for the last ``size`` keys asked about, most recently used first;
+    ``same(seen, key)`` tells a remembered key from another. The list is replaced, never
+    changed in place: safe from any thread (a race loses at most one remembered answer)."""
+
+    def __init__(self, size: int, same: Callable[[Any, Any], bool]) -> None:
+        self._size, self._same = size, same
+        self._items: list[tuple[Any, Any]] = []
+
+    def answer(self, key: Any, fn: Callable[[], Any]) -> Any:
+        """The remembered answer for ``key``, or ``fn()`` remembered (unless it raises)."""
+        items = self._items
+        for i, (seen, answer) in enumerate(items):
+            if self._same(seen, key):
+                if i:
+                    self._items = [items[i]] + items[:i] + items[i + 1:]
+                return answer
+        answer = fn()
+        self._items = [(key, answer)] + items[:self._size - 1]
+        return answer
+
+
 class SchemaMemo:
     """``fn(schema)`` for the last ``size`` schemas it was asked about, by equality: a
     producer sends one schema call after call, and walking its fields in Python costs
@@ -155,19 +177,11 @@ class SchemaMemo:
     have the same schema and field metadata too). A call that raises is not remembered."""
 
     def __init__(self, fn: Callable[[pa.Schema], Any], size: int = 8, check_metadata: bool = False) -> None:
-        self._fn, self._size, self._check_metadata = fn, size, check_metadata
-        self._recent: list[tuple[pa.Schema, Any]] = []  # most recently used first
+        self._fn = fn
+        self._recent = _Recent(size, lambda seen, schema: seen.equals(schema, check_metadata=check_metadata))
 
     def __call__(self, schema: pa.Schema) -> Any:
-        recent = self._recent  # replaced, never changed in place: safe from any thread
-        for i, (seen, answer) in enumerate(recent):
-            if seen.equals(schema, check_metadata=self._check_metadata):
-                if i:
-                    self._recent = [recent[i]] + recent[:i] + recent[i + 1:]
-                return answer
-        answer = self._fn(schema)
-        self._recent = [(schema, answer)] + recent[:self._size - 1]
-        return answer
+        return self._recent.answer(schema, lambda: self._fn(schema))
 
 
 class SchemaMessageMemo:
@@ -181,23 +195,14 @@ class SchemaMessageMemo:
     most ``size * max_bytes``. A call that raises is not remembered."""
 
     def __init__(self, fn: Callable[[pa.ipc.Message], Any], size: int = 8, max_bytes: int = 64 << 10) -> None:
-        self._fn, self._size, self._max_bytes = fn, size, max_bytes
-        self._recent: list[tuple[bytes, Any]] = []  # most recently used first
+        self._fn, self._max_bytes = fn, max_bytes
+        self._recent = _Recent(size, bytes.__eq__)
 
     def __call__(self, message: pa.ipc.Message) -> Any:
         metadata = message.metadata
         if metadata.size > self._max_bytes or message.body.size:
             return self._fn(message)
-        key = metadata.to_pybytes()
-        recent = self._recent  # replaced, never changed in place: safe from any thread
-        for i, (seen, answer) in enumerate(recent):
-            if seen == key:
-                if i:
-                    self._recent = [recent[i]] + recent[:i] + recent[i + 1:]
-                return answer
-        answer = self._fn(message)
-        self._recent = [(key, answer)] + recent[:self._size - 1]
-        return answer
+        return self._recent.answer(metadata.to_pybytes(), lambda: self._fn(message))
 
 
 def has_dictionary(t: pa.DataType | pa.Schema) -> bool:
