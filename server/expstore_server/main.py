@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import ctypes
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -68,11 +69,8 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt 
 def _mallopt(*settings: tuple[int, int]) -> bool:
     """glibc's ``mallopt`` for each (parameter, value); whether all were taken (False off
     glibc)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return all([bool(libc.mallopt(parameter, value)) for parameter, value in settings])
+    libc = _glibc()
+    return libc is not None and all([bool(libc.mallopt(parameter, value)) for parameter, value in settings])
 
 
 def keep_freed_memory() -> bool:
@@ -93,19 +91,23 @@ class _MallInfo2(ctypes.Structure):
                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def _libc():
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library, loaded once (``IdleTrim`` asks it twice a second); None off glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        return libc
-    except (OSError, AttributeError):  # not glibc, or one older than 2.33
+    except OSError:
         return None
+    if hasattr(libc, "mallinfo2"):  # glibc 2.33 and later
+        libc.mallinfo2.restype = _MallInfo2
+    return libc
 
 
 def malloc_state() -> tuple[int, int] | None:
-    """glibc's malloc, all arenas together: (bytes in use, bytes held free); None off glibc."""
-    libc = _libc()
-    if libc is None:
+    """glibc's malloc, all arenas together: (bytes in use, bytes held free); None off glibc
+    (or one older than 2.33)."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
         return None
     info = libc.mallinfo2()
     return info.uordblks, info.fordblks
@@ -114,7 +116,7 @@ def malloc_state() -> tuple[int, int] | None:
 def malloc_trim() -> bool:
     """Hand the pages of every free chunk in every arena back to the OS (glibc's
     ``malloc_trim(0)``: a few ms); whether any were. False off glibc."""
-    libc = _libc()
+    libc = _glibc()
     return libc is not None and bool(libc.malloc_trim(0))
 
 
