@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client_venv(tmp_path_factory) -> Path:
+def client_venv(tmp_path_factory) -> Iterator[Path]:
     """A fresh venv holding expstore-client and its dependencies, nothing else."""
     venv = tmp_path_factory.mktemp("client-venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -35,7 +37,8 @@ def client_venv(tmp_path_factory) -> Path:
     p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                         str(ROOT / "client"), *pins], capture_output=True, text=True, timeout=900, env=_bare_env())
     assert p.returncode == 0, p.stdout + p.stderr
-    return venv / "bin" / "python"
+    yield venv / "bin" / "python"
+    shutil.rmtree(venv)  # ~300 MB: not kept until the session ends
 
 
 def _bare_env() -> dict[str, str]:
