@@ -135,5 +135,9 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
 
 
 def close() -> None:
+    """Leave the group together: a rank that tears its gloo pairs down while its peer
+    still reads from them can abort the peer ("terminate called without an active
+    exception"), so every rank first waits for the others at a barrier."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
