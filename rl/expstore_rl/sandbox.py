@@ -183,7 +183,7 @@ def run(argv: list[str], *, stdin: str = "", limits: Limits = Limits(),
     root = os.geteuid() == 0
     _become_subreaper()
     nproc = limits.nproc if root else _user_processes(os.getuid()) + limits.nproc  # root: a uid of its own
-    box = tempfile.mkdtemp(prefix="expstore-sandbox-")  # work/: the call's dir; root/: its new /
+    box = tempfile.mkdtemp(prefix=f"expstore-sandbox-{os.getpid()}-")  # work/: the call's dir; root/: its new /
     workdir, new_root = os.path.join(box, "work"), os.path.join(box, "root")
     try:
         os.mkdir(workdir)
