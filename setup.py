@@ -1,0 +1,35 @@
+"""The one compiled part of expstore: the native gather (expstore/gather_native.cpp), built
+against the pyarrow of the build (pyproject's build requirements pin the same pyarrow major
+version as the runtime's: the module links to that version's libarrow). Optional: where it
+cannot be built (no C++ compiler), the install goes on and gather.py gathers in Python.
+Everything else about the package is in pyproject.toml."""
+
+import glob
+import os
+
+import pyarrow
+import pybind11
+from setuptools import Extension, setup
+
+
+def _arrow_libraries() -> list[str]:
+    """The full paths of pyarrow's libarrow and libarrow_python by their sonames: a wheel has
+    no unversioned ``libarrow.so`` for ``-larrow`` to find."""
+    libdir = pyarrow.get_library_dirs()[0]
+    found = []
+    for name in ("arrow", "arrow_python"):
+        candidates = glob.glob(os.path.join(libdir, f"lib{name}.so.*"))
+        if candidates:
+            found.append(min(candidates, key=len))  # libarrow.so.2600, not libarrow.so.2600.1.0
+    return found
+
+
+setup(ext_modules=[Extension(
+    "expstore._gather_native",
+    sources=["expstore/gather_native.cpp"],
+    include_dirs=[pyarrow.get_include(), pybind11.get_include()],
+    extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden"],
+    extra_link_args=_arrow_libraries(),
+    language="c++",
+    optional=True,
+)])
