@@ -19,13 +19,13 @@ from 800 chunks 9.0 ms against 8.2 ms here, from 4 chunks 0.65 against 0.92, and
 36 KiB rows from 32 chunks 97 ms against 9 ms. Callers that do not care about order sort
 their selection by (chunk, row), so that segments are long.
 
-Where it is built (setup.py), the native gather (gather_native.cpp) does all of that for
-rows of the table's plain schema in one call: Arrow's builders copy each run of rows
-straight into the output, column by column, with the GIL released. Measured on this
-machine class, 256 random rows: 300 B rows from 800 chunks 0.27 ms against 2.2 ms here,
-from 4 chunks 0.07 against 0.34, 36 KiB rows from 32 chunks 0.75 against 3.2. A selection
-that is one run of one chunk stays a zero-copy slice; rows stored with shared prefixes,
-and types whose builders cannot append slices, are gathered here.
+Where it is built (setup.py), the native gather (gather_native.cpp) does all of that in
+one call: Arrow's builders copy each run of rows straight into the output, column by
+column, with the GIL released, and rebuild the rows of columns stored with shared prefixes
+whole as they copy them. Measured on this machine class, 256 random rows: 300 B rows from
+800 chunks 0.27 ms against 2.2 ms here, from 4 chunks 0.07 against 0.34, 36 KiB rows from
+32 chunks 0.75 against 3.2. A selection that is one run of one plain chunk stays a
+zero-copy slice; types whose builders cannot append slices are gathered here.
 """
 
 from __future__ import annotations
@@ -55,14 +55,17 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
     keys = np.unique(chunks)
     used = [batches[c] for c in keys.tolist()]
     mixed = any(is_shared(b.schema) for b in used)  # chunks stored with shared prefixes
+    whole = None
     if mixed:
         whole = whole_schema(used[0].schema)
-        if all(whole_schema(b.schema).equals(whole, check_metadata=True) for b in used):
-            return _take_shared(batches, used, chunks, rows, whole)
-    elif native is not None and (len(used) > 1 or np.any(np.diff(rows) != 1)):  # else: one slice
-        out = native.take(used, np.searchsorted(keys, chunks), rows)
+        if not all(whole_schema(b.schema).equals(whole, check_metadata=True) for b in used):
+            whole = None  # chunks of different tables' schemas (rare): each piece rebuilt below
+    if native is not None and (whole is not None or len(used) > 1 or np.any(np.diff(rows) != 1)):  # else: a slice
+        out = native.take(used, np.searchsorted(keys, chunks), rows, whole)
         if out is not None:
             return out
+    if whole is not None:
+        return _take_shared(batches, used, chunks, rows, whole)
     # Boundaries, computed once for the whole selection: segments (a new chunk) and runs
     # (a new chunk, or a row that does not follow the previous one).
     new_chunk = np.empty(n, dtype=bool)

@@ -4,10 +4,14 @@
 // the pieces: for 256 rows of 300 B from 800 chunks, ~2 ms of which almost all is the fixed
 // cost of those calls; here it is one copy of each row's values (~0.3 ms).
 //
-// take(batches, positions, rows) -> RecordBatch, or None where the builders cannot (a type
-// without AppendArraySlice, batches of different schemas): the caller then gathers in Python.
-// Row i of the result is row rows[i] of batches[positions[i]]; indices out of range raise
-// IndexError (nothing is read outside the batches).
+// take(batches, positions, rows, schema=None) -> RecordBatch, or None where the builders
+// cannot (a type without AppendArraySlice, batches whose columns do not fit the schema): the
+// caller then gathers in Python. Row i of the result is row rows[i] of batches[positions[i]];
+// indices out of range raise IndexError (nothing is read outside the batches). Without a
+// schema every batch must have the first's. With one (the table's whole rows), a column may
+// also be stored with shared prompt prefixes (prefixes.py: struct<prefix: list_view<T>,
+// rest: list<T>> where the schema has list<T>): each row is rebuilt whole, its prompt's
+// values then its own, as prefixes.take_whole does; a null row stays null.
 
 #include <arrow/api.h>
 #include <arrow/python/pyarrow.h>
@@ -47,25 +51,71 @@ void CheckBounds(const std::vector<std::shared_ptr<arrow::RecordBatch>>& batches
   }
 }
 
-// One column of the result; NotImplemented where its type's builder cannot append slices.
+// Whether a stored column of type ``stored`` holds the rows of a ``whole`` list column with
+// their prompts shared: struct<prefix: list_view<T>, rest: list<T>> for whole list<T>.
+bool IsSharedForm(const arrow::DataType& stored, const arrow::DataType& whole) {
+  return whole.id() == arrow::Type::LIST && stored.id() == arrow::Type::STRUCT && stored.num_fields() == 2 &&
+         stored.field(0)->type()->id() == arrow::Type::LIST_VIEW &&
+         stored.field(0)->type()->field(0)->type()->Equals(*whole.field(0)->type()) &&
+         stored.field(1)->type()->Equals(whole);
+}
+
+// Appends rows [row, row + length) of a column stored with shared prefixes to a list
+// builder of its whole rows: per row its prompt's values, then its own.
+arrow::Status AppendWhole(arrow::ListBuilder& builder, const arrow::StructArray& stored, int64_t row, int64_t length) {
+  const auto& prefix = static_cast<const arrow::ListViewArray&>(*stored.field(0));
+  const auto& rest = static_cast<const arrow::ListArray&>(*stored.field(1));
+  const arrow::ArraySpan prompts(*prefix.values()->data()), answers(*rest.values()->data());
+  auto* values = builder.value_builder();
+  for (int64_t i = row; i < row + length; ++i) {
+    if (stored.IsNull(i)) {
+      ARROW_RETURN_NOT_OK(builder.AppendNull());
+      continue;
+    }
+    ARROW_RETURN_NOT_OK(builder.Append());
+    ARROW_RETURN_NOT_OK(values->AppendArraySlice(prompts, prefix.value_offset(i), prefix.value_length(i)));
+    ARROW_RETURN_NOT_OK(values->AppendArraySlice(answers, rest.value_offset(i), rest.value_length(i)));
+  }
+  return arrow::Status::OK();
+}
+
+// One column of the result (of type ``type``); NotImplemented where its type's builder
+// cannot append slices, or a batch's column is neither of ``type`` nor its shared form.
 arrow::Result<std::shared_ptr<arrow::Array>> TakeColumn(
     const std::vector<std::shared_ptr<arrow::RecordBatch>>& batches, int column,
     const std::shared_ptr<arrow::DataType>& type, const int64_t* positions, const int64_t* rows, int64_t n) {
-  std::vector<arrow::ArraySpan> spans;
+  std::vector<arrow::ArraySpan> spans;  // of the batches holding the column as it is
+  std::vector<std::shared_ptr<arrow::StructArray>> shared;  // of those holding its shared form
   spans.reserve(batches.size());
-  for (const auto& batch : batches) spans.emplace_back(*batch->column_data(column));
+  shared.resize(batches.size());
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const auto& data = batches[b]->column_data(column);
+    if (data->type->Equals(*type)) {
+      spans.emplace_back(*data);
+    } else if (IsSharedForm(*data->type, *type)) {
+      spans.emplace_back();
+      shared[b] = std::static_pointer_cast<arrow::StructArray>(arrow::MakeArray(data));
+    } else {
+      return arrow::Status::NotImplemented("column ", column, " of batch ", b, " is ", data->type->ToString());
+    }
+  }
   ARROW_ASSIGN_OR_RAISE(auto builder, arrow::MakeBuilder(type));
   ARROW_RETURN_NOT_OK(builder->Reserve(n));
   for (int64_t i = 0; i < n;) {  // one append per run of consecutive rows of one batch
     int64_t end = i + 1;
     while (end < n && positions[end] == positions[i] && rows[end] == rows[end - 1] + 1) ++end;
-    ARROW_RETURN_NOT_OK(builder->AppendArraySlice(spans[positions[i]], rows[i], end - i));
+    if (const auto& stored = shared[positions[i]]) {
+      ARROW_RETURN_NOT_OK(AppendWhole(static_cast<arrow::ListBuilder&>(*builder), *stored, rows[i], end - i));
+    } else {
+      ARROW_RETURN_NOT_OK(builder->AppendArraySlice(spans[positions[i]], rows[i], end - i));
+    }
     i = end;
   }
   return builder->Finish();
 }
 
-py::object Take(const py::list& batch_objects, const Indices& positions, const Indices& rows) {
+py::object Take(const py::list& batch_objects, const Indices& positions, const Indices& rows,
+                const py::object& schema_object) {
   if (batch_objects.empty()) throw py::value_error("take: no batches");
   if (positions.ndim() != 1 || rows.ndim() != 1 || positions.size() != rows.size()) {
     throw py::value_error("take: positions and rows must be 1-d arrays of one length");
@@ -73,9 +123,22 @@ py::object Take(const py::list& batch_objects, const Indices& positions, const I
   std::vector<std::shared_ptr<arrow::RecordBatch>> batches;
   batches.reserve(batch_objects.size());
   for (const auto& obj : batch_objects) batches.push_back(Unwrap(obj));
-  const auto schema = batches[0]->schema();
-  for (const auto& batch : batches) {
-    if (!batch->schema()->Equals(*schema, /*check_metadata=*/true)) return py::none();
+  std::shared_ptr<arrow::Schema> schema;
+  if (schema_object.is_none()) {
+    schema = batches[0]->schema();
+    for (const auto& batch : batches) {
+      if (!batch->schema()->Equals(*schema, /*check_metadata=*/true)) return py::none();
+    }
+  } else {
+    auto unwrapped = arrow::py::unwrap_schema(schema_object.ptr());
+    if (!unwrapped.ok()) throw py::type_error("take: schema must be a pyarrow Schema");
+    schema = *unwrapped;
+    for (const auto& batch : batches) {
+      if (batch->num_columns() != schema->num_fields()) return py::none();
+      for (int c = 0; c < schema->num_fields(); ++c) {
+        if (batch->schema()->field(c)->name() != schema->field(c)->name()) return py::none();
+      }
+    }
   }
   const int64_t n = positions.size();
   const int64_t* p = positions.data();
@@ -105,5 +168,5 @@ py::object Take(const py::list& batch_objects, const Indices& positions, const I
 PYBIND11_MODULE(_gather_native, m) {
   if (arrow::py::import_pyarrow() != 0) throw py::error_already_set();
   m.doc() = "Sampled rows of many record batches copied into one by Arrow's builders (gather.py).";
-  m.def("take", &Take, py::arg("batches"), py::arg("positions"), py::arg("rows"));
+  m.def("take", &Take, py::arg("batches"), py::arg("positions"), py::arg("rows"), py::arg("schema") = py::none());
 }

@@ -14,14 +14,6 @@ from expstore import gather
 from expstore.gather import take_rows
 
 
-@pytest.fixture(params=["native", "python"])
-def how(request, monkeypatch):
-    """Each test of take_rows runs over both gathers."""
-    if request.param == "python":
-        monkeypatch.setattr(gather, "native", None)
-    return request.param
-
-
 def test_the_native_gather_is_built():
     """The install builds it (setup.py, with the dev set's C++ compiler): without it every
     sample pays the Python gather, and the tests below would check only that one."""
@@ -36,7 +28,7 @@ def chunk(first: int, n: int, width: int) -> pa.RecordBatch:
 
 
 @pytest.mark.parametrize("width", [1, 4096])  # rows below and above TAKE_BELOW_ROW_BYTES
-def test_take_rows_returns_exactly_the_rows_asked_for_in_order(width, how):
+def test_take_rows_returns_exactly_the_rows_asked_for_in_order(width, gathers):
     rng = np.random.default_rng(width)
     batches = {c: chunk(1000 * c, 100, width) for c in range(5)}
     schema = batches[0].schema
@@ -56,7 +48,7 @@ def test_take_rows_returns_exactly_the_rows_asked_for_in_order(width, how):
     assert take_rows(batches, np.zeros(0, np.int64), np.zeros(0, np.int64), schema).num_rows == 0
 
 
-def test_one_run_of_one_chunk_is_a_zero_copy_slice(how):
+def test_one_run_of_one_chunk_is_a_zero_copy_slice(gathers):
     batches = {0: chunk(0, 100, 4), 1: chunk(1000, 100, 4)}
     got = take_rows(batches, np.ones(10, np.int64), np.arange(20, 30), batches[0].schema)
     assert got.column("id").to_pylist() == list(range(1020, 1030))
