@@ -9,7 +9,8 @@ A chunk is written once (one per insert message, or per compaction) and freed wh
 last live item leaves. ``compaction_candidates`` picks the chunks worth rewriting into
 one: mostly-dead ones (rows of items that left pin their bytes) and small ones (a
 producer's 8-row insert is a 2 KiB chunk; a sample pays for every chunk it touches).
-Where chunks live belongs to the placement, byte budgets to the tiers; this class counts. Not thread-safe: the table holds its lock.
+Where chunks live belongs to the placement, byte budgets to the tiers; this class counts.
+Not thread-safe: the table holds its lock.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from .prefixes import is_shared, marked_names, take_whole, whole_rows, whole_schema
 
-try:
+try:  # after pyarrow, which has loaded the libarrow the module links to
     from . import _gather_native as native
 except ImportError:  # not built: no C++ compiler at install (setup.py)
     native = None

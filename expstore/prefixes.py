@@ -25,9 +25,10 @@ in chunks without ``tokens`` and ``loss_mask``; a null row stays null.
 ``share`` turns a batch of whole rows into its stored form (the placement calls it as a
 chunk is written: the memory tier holds it, the SSD tier's blocks are encoded from it),
 ``whole_rows`` turns any slice or take of a stored batch back into exactly the rows that
-were shared (``gather.take_rows`` calls it on every piece it copies, so samples, streams,
-scans, compactions and the archive see whole rows; a batch of whole rows, e.g. a chunk
-written before this existed or read from the remote tier, passes through untouched), and
+were shared (``gather.take_rows`` rebuilds every row it copies so, natively where the
+native gather is built: samples, streams, scans, compactions and the archive see whole
+rows; a batch of whole rows, e.g. a chunk written before this existed or read from the
+remote tier, passes through untouched), and
 ``compact`` keeps a slice's prefix buffer to the prompts its rows use (an IPC message of a
 sliced list view carries every value from its lowest offset to its highest end: an SSD
 block whose rows use a chunk's first and last prompts would store all of them). Stored
