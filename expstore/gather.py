@@ -52,7 +52,7 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
     n = len(chunks)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)
-    keys = np.unique(chunks)
+    keys, positions = np.unique(chunks, return_inverse=True)  # positions: of each pick's chunk in keys
     used = [batches[c] for c in keys.tolist()]
     mixed = any(is_shared(b.schema) for b in used)  # chunks stored with shared prefixes
     whole = None
@@ -61,7 +61,7 @@ def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.n
         if not all(whole_schema(b.schema).equals(whole, check_metadata=True) for b in used):
             whole = None  # chunks of different tables' schemas (rare): each piece rebuilt below
     if native is not None and (whole is not None or len(used) > 1 or np.any(np.diff(rows) != 1)):  # else: a slice
-        out = native.take(used, np.searchsorted(keys, chunks), rows, whole)
+        out = native.take(used, positions, rows, whole)
         if out is not None:
             return out
     if whole is not None:
