@@ -257,8 +257,9 @@ def test_without_root_a_user_namespace_gives_the_same_isolation():
         pytest.skip("needs root to start a process as another user")
     rl_dir = Path(sandbox.__file__).resolve().parent.parent
     as_nobody = dict(cwd="/", env={"PATH": "/usr/bin:/bin"})
-    userns = subprocess.run(AS_NOBODY + [PYTHON, "-I", "-S", "-c", "import ctypes; print(ctypes.CDLL(None).unshare(0x10000000))"],
-                            capture_output=True, text=True, **as_nobody)
+    unshare = "import ctypes; print(ctypes.CDLL(None).unshare(0x10000000))"
+    userns = subprocess.run(AS_NOBODY + [PYTHON, "-I", "-S", "-c", unshare], capture_output=True, text=True,
+                            **as_nobody)
     readable = all(os.stat(p).st_mode & 0o001 for p in (rl_dir, *rl_dir.parents))
     if userns.stdout.strip() != "0" or not readable:
         pytest.skip("no unprivileged user namespaces here, or this checkout is not readable by nobody")
