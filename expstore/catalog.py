@@ -57,13 +57,13 @@ class Catalog:
                  remote: Callable[[str], object] | None = None, min_free_bytes: int = 0,
                  remote_uri: str | None = None, remote_in_data_dir: bool = False,
                  remote_restored: bool = False, memtable_bytes: int = MEMTABLE_BYTES,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES, direct_writes: bool = True) -> None:
         self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()
         self._seed = seed
         self._remote = remote
-        self.db = Database(data_dir, min_free_bytes, memtable_bytes=memtable_bytes, cache_bytes=cache_bytes) \
-            if data_dir is not None else None
+        self.db = Database(data_dir, min_free_bytes, memtable_bytes=memtable_bytes, cache_bytes=cache_bytes,
+                           direct_writes=direct_writes) if data_dir is not None else None
         self.restored: dict[str, dict[str, int]] = {}
         self.unopened: dict[str, Unopened] = {}  # tables that failed to restore, by name
         self.remote_error: str | None = None  # the last failure of the mover, until a pass succeeds

@@ -50,6 +50,17 @@ in it is deleted (and a compaction has dropped their keys): the oldest chunks le
 under the default remover, so whole files go; a chunk kept among dead ones keeps its
 file (there is no blob garbage collection, which rewrote live blobs at every compaction).
 
+Flushes and compactions write their files with direct I/O (O_DIRECT) where the data
+dir's filesystem allows it (``direct_writes``): a durable insert's bytes are written twice,
+to the log now and to a blob file at the flush, and buffered, each write copies them into
+fresh page-cache pages. Measured here, 36 KiB rows inserted over gRPC back to back (9.4
+MB an insert, 40 inserts, two sets of three alternating runs): 35-57 ms an insert and
+40-62 ms of server CPU with direct flushes, 64-81 ms and 88-110 ms buffered, where 44% of
+the server's CPU was the kernel's copy into the page cache. The blob files are then not in the page cache when
+they are first read: a sample of 256 random rows from the SSD tier alone took 23 ms
+against 18 ms (p50, one run); the rows read most are the newest, which the table's
+memory tier holds.
+
 Memory: RocksDB's own is bounded by ``memtable_bytes`` (the write buffers of all column
 families together; the chunks family has three, so one flushes while inserts fill the
 next) and ``cache_bytes`` (one LRU block cache shared by every column family: index,
@@ -100,17 +111,19 @@ MIN_BLOB_BYTES = 4096  # chunk values at least this large live in blob files
 MEMTABLE_BYTES = 256 << 20  # default budget of all write buffers together
 CACHE_BYTES = 64 << 20  # default size of the block cache
 _META_BLOCK = 0xFFFFFFFF
+LOCK_FILE = "LOCK.expstore"  # in the data dir: held by the process that has it open
 # Each column family's share of the memtable budget: (buffers, fraction of the budget each).
 _WRITE_BUFFERS = {CHUNK_FAMILY: (3, 1 / 4), "chunks": (2, 1 / 32), "journal": (2, 1 / 16), "meta": (2, 1 / 32),
                   "default": (2, 1 / 32)}
 
 
-def _options(cf: str, memtable_bytes: int, cache: Cache) -> Options:
+def _options(cf: str, memtable_bytes: int, cache: Cache, direct_writes: bool) -> Options:
     """The options of one column family (``default``: also the database's own; a table's
     chunks: CHUNK_FAMILY)."""
     o = Options(raw_mode=True)
     o.create_if_missing(True)
     o.create_missing_column_families(True)
+    o.set_use_direct_io_for_flush_and_compaction(direct_writes)
     o.set_db_write_buffer_size(memtable_bytes)
     o.set_max_background_jobs(2)
     buffers, share = _WRITE_BUFFERS[cf]
@@ -135,11 +148,13 @@ class Database:
     """The data dir's RocksDB, opened once per process under an exclusive lock."""
 
     def __init__(self, path: str | Path, min_free_bytes: int = 0, *, memtable_bytes: int = MEMTABLE_BYTES,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES, direct_writes: bool = True) -> None:
         self.path = Path(path)
         self.min_free_bytes = min_free_bytes
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_file = _lock(self.path)
+        # Asked for and possible here: flushes and compactions write with O_DIRECT.
+        self.direct_writes = direct_writes and _takes_direct_io(self.path / LOCK_FILE)
         self._memtable_bytes, self._cache = memtable_bytes, Cache(cache_bytes)  # an LRU cache
         rocks = self.path / "rocksdb"
         try:
@@ -167,7 +182,8 @@ class Database:
         self.syncs = 0  # fsyncs run (group commit: fewer than the sync calls)
 
     def _options(self, cf: str) -> Options:
-        return _options(CHUNK_FAMILY if cf.startswith(CHUNK_FAMILY) else cf, self._memtable_bytes, self._cache)
+        return _options(CHUNK_FAMILY if cf.startswith(CHUNK_FAMILY) else cf, self._memtable_bytes, self._cache,
+                        self.direct_writes)
 
     def family(self, name: str) -> str:
         """Create column family ``name`` (a table's chunks) unless it exists; returns it."""
@@ -404,7 +420,7 @@ class Database:
 
 
 def _lock(path: Path):
-    f = open(path / "LOCK.expstore", "a+")
+    f = open(path / LOCK_FILE, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -417,6 +433,20 @@ def _lock(path: Path):
     f.write(f"expstore-server pid {os.getpid()}\n")
     f.flush()
     return f
+
+
+def _takes_direct_io(path: Path) -> bool:
+    """Whether the filesystem holding ``path`` (an existing file) opens files for direct
+    I/O (O_DIRECT; not every filesystem does, and not off Linux): RocksDB fails every flush
+    on one that does not, so it is asked only where it works."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        os.close(os.open(path, os.O_RDONLY | flag))
+    except OSError:
+        return False
+    return True
 
 
 class DamagedValues(DataLoss):

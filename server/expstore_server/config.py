@@ -80,6 +80,7 @@ class ServerConfig:
     min_free_disk_bytes: int = 256 << 20  # inserts are refused below this much free disk
     rocksdb_memtable_bytes: int = 256 << 20  # RocksDB's write buffers, all column families together
     rocksdb_cache_bytes: int = 64 << 20  # RocksDB's block cache
+    rocksdb_direct_writes: bool = True  # flushes and compactions bypass the page cache (where the filesystem allows)
     demote_interval_s: float = 1.0  # how often the mover checks SSD watermarks
     metrics_port: int = 0  # Prometheus metrics over HTTP on this port of host; 0: off
     query_workers: int = 2  # threads of their own that run SQL queries
@@ -143,6 +144,8 @@ class ServerConfig:
             raise InvalidArgument("audit_log_max_bytes must be >= 0 (0: never rotate) and audit_log_backups >= 1")
         if self.rocksdb_memtable_bytes < 16 << 20 or self.rocksdb_cache_bytes < 0:
             raise InvalidArgument("rocksdb_memtable_bytes must be >= 16777216 and rocksdb_cache_bytes >= 0")
+        if not isinstance(self.rocksdb_direct_writes, bool):
+            raise InvalidArgument(f"rocksdb_direct_writes must be true or false, got {self.rocksdb_direct_writes!r}")
         if self.max_message_bytes < 1 << 20:
             raise InvalidArgument("max_message_bytes must be >= 1048576 (a response needs room for its framing)")
         if not 1024 <= self.message_bytes <= self.max_message_bytes:

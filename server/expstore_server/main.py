@@ -252,6 +252,7 @@ def open_store(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = No
     store = Catalog(cfg.data_dir, remote=lambda table: RemoteTier(uri, table, storage_options=options),
                   min_free_bytes=cfg.min_free_disk_bytes, remote_uri=uri.rstrip("/"),
                   memtable_bytes=cfg.rocksdb_memtable_bytes, cache_bytes=cfg.rocksdb_cache_bytes,
+                  direct_writes=cfg.rocksdb_direct_writes,
                   remote_in_data_dir=uri == config_mod.RemoteConfig().resolved_uri(cfg.data_dir),
                   remote_restored=bool(restore_checkpoint))  # the restore copied the datasets there
     for spec in cfg.tables:  # restored on a restart: the same config is no error
@@ -271,6 +272,9 @@ PENDING_CALLS = [("grpc.server.max_pending_requests", 1 << 20),
 async def serve(cfg: config_mod.ServerConfig, restore_checkpoint: str | None = None) -> None:
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
     store, checkpointer = open_store(cfg, restore_checkpoint)
+    if cfg.rocksdb_direct_writes and store.db is not None and not store.db.direct_writes:
+        log.warning("direct_writes_unsupported", extra={"data_dir": cfg.data_dir, "detail": (
+            "the data dir's filesystem does not take O_DIRECT: RocksDB's flushes write through the page cache")})
     store.start_mover(cfg.demote_interval_s)
     audit = SecurityLog(cfg.audit_path, max_bytes=cfg.audit_log_max_bytes, backups=cfg.audit_log_backups)
     metrics = ServerMetrics(store)
