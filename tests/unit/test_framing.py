@@ -59,3 +59,31 @@ def test_truncated_payload_is_refused():
     framed = framing.encode(pb.InsertRequest(table="t"), service.INSERT_PAYLOAD, b"x" * 100)
     with pytest.raises(ValueError):
         service.decode_insert(framed[:-10])
+
+
+def _streamed(data) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
+    return sink.getvalue()
+
+
+def _large_tables() -> dict[str, pa.Table | pa.RecordBatch]:
+    rows = trajectories(64, tokens=4096)  # ~2.4 MB
+    words = pa.array([f"word {i % 7}" for i in range(300_000)]).dictionary_encode()
+    return {"one batch": rows.to_batches()[0],
+            "a slice": rows.to_batches()[0].slice(3, 50),
+            "chunks, one sliced": pa.concat_tables([rows, rows.slice(5, 30), rows]),
+            "dictionary": pa.table({"word": words, "n": pa.array(range(300_000))})}
+
+
+@pytest.mark.parametrize("name", sorted(_large_tables()))
+def test_a_large_stream_is_written_to_a_buffer_of_its_size(name):
+    """Above SIZED_FROM_BYTES the stream is measured, then written into a buffer of that
+    size: the same bytes as a stream written into a growing buffer, and it reads back."""
+    data = _large_tables()[name]
+    assert data.get_total_buffer_size() >= arrow_ipc.SIZED_FROM_BYTES
+    out = arrow_ipc.encode(data)
+    assert out.equals(_streamed(data))
+    table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    assert arrow_ipc.decode(out).equals(table)
