@@ -22,15 +22,16 @@ their selection by (chunk, row), so that segments are long.
 Where it is built (setup.py), the native gather (gather_native.cpp) does all of that in
 one call: Arrow's builders copy each run of rows straight into the output, column by
 column, with the GIL released, and rebuild the rows of columns stored with shared prefixes
-whole as they copy them. Measured on this machine class, 256 random rows: 300 B rows from
-800 chunks 0.27 ms against 2.2 ms here, from 4 chunks 0.07 against 0.34, 36 KiB rows from
-32 chunks 0.75 against 3.2. A selection that is one run of one plain chunk stays a
-zero-copy slice; types whose builders cannot append slices are gathered here. So is a
-selection of long runs (compaction merging whole chunks, a stream reading rows in order):
+whole as they copy them (list and string builders reserve their values' room first).
+Measured on this machine class, 256 random rows: 300 B rows from 800 chunks 0.27 ms
+against 2.2 ms here, from 4 chunks 0.07 against 0.34, 36 KiB rows from 32 chunks 0.48
+against 2.8. A selection that is one run of one plain chunk stays a zero-copy slice;
+types whose builders cannot append slices are gathered here. So is a selection of long
+runs (compaction merging whole chunks, a stream reading rows in order):
 Arrow's Concatenate of the runs' slices copies each column's buffers whole, where the
-builders append row by row. Measured, runs of 256 rows: 4,096 rows of 300 B 0.23 ms
-against 1.05 ms native, 256 rows of 36 KiB in runs of 64 0.28 against 0.62; runs of 16
-rows are still faster native for 300 B rows (0.89 against 2.5 ms).
+builders append row by row. Measured, 4,096 rows of 300 B in runs of 256: 0.22 ms
+against 0.58 native; in runs of 64-128 both cost about the same (300 B and 36 KiB rows);
+in runs of 16, native is faster (0.66 against 2.5 ms).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ TAKE_BELOW_ROW_BYTES = 2048  # rows smaller than this are taken, larger ones sli
 TAKE_FROM_ROWS = 16          # ... when a segment has this many (a take costs ~10 slices)
 CONCAT_FROM_PIECES = 8       # shared columns of more pieces than this are concatenated first ...
 CONCAT_BELOW_ROWS_PER_ROW = 8  # ... when their batches hold under this many rows per row taken
-SLICE_FROM_RUN_ROWS = 64  # plain selections whose runs average this many rows are sliced, not gathered natively
+SLICE_FROM_RUN_ROWS = 128  # plain selections whose runs average this many rows are sliced, not gathered natively
 
 
 def take_rows(batches: dict[int, pa.RecordBatch], chunks: np.ndarray, rows: np.ndarray,
