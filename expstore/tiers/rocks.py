@@ -55,7 +55,7 @@ dir's filesystem allows it (``direct_writes``): a durable insert's bytes are wri
 twice, to the log now and to a blob file at the flush, and buffered, each write copies
 them into fresh page-cache pages. Measured here, 36 KiB rows inserted over gRPC back to
 back (9.4 MB an insert, 40 inserts, two sets of three alternating runs): with direct
-flushes 35-52 ms an insert and 40-62 ms of server CPU in five runs (92 and 96 ms in the
+flushes 35-52 ms an insert and 40-58 ms of server CPU in five runs (92 and 96 ms in the
 sixth), buffered 64-81 ms and 88-110 ms, where 44% of the server's CPU was the kernel's
 copy into the page cache. The blob files are then not in the page cache when they are
 first read: a sample of 256 random rows from the SSD tier alone took 23 ms against 18 ms
