@@ -23,8 +23,12 @@ def test_grpo_demo_raises_the_reward(tmp_path):
     rows = metrics.read(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 81))
     reward = np.array([r["rollout/reward_mean"] for r in rows])
-    first, last = reward[:10].mean(), reward[-10:].mean()
-    assert last > first + 0.2, (first, last)  # 0.24 -> 0.59 here (oldest-first sampling: 0.23 -> 0.42)
+    # Means of 20 steps: which rollouts each step trains on follows the processes' timing,
+    # so the curve moves with the machine's load. Here: 0.25 -> 0.55 alone, 0.25 -> 0.47
+    # beside two busy cores, 0.20 -> 0.43 beside a second test suite; without learning the
+    # two means differ by noise (~0.04).
+    first, last = reward[:20].mean(), reward[-20:].mean()
+    assert last > first + 0.12, (first, last)
     assert max(r["charts/policy_version"] for r in rows) == 80
     assert (out / "metrics.png").stat().st_size > 0
     assert "mean reward" in proc.stdout
