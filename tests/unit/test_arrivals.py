@@ -5,6 +5,7 @@ validations finish in."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -178,3 +179,30 @@ def test_bad_order_metadata_is_refused_with_what_it_must_be(value):
 def test_order_metadata_is_read():
     assert order_of([("authorization", "Bearer t"), (ORDER_KEY, "ab:cd:7:3")]) == ("ab:cd", 7, 3)
     assert order_of([("authorization", "Bearer t")]) is None and order_of(None) is None
+
+
+def test_a_stalled_loop_does_not_give_up_on_a_call_received_during_the_stall(monkeypatch):
+    """The grace counts time in which the loop ran. After a stall longer than the grace,
+    the missing call's handler may be queued behind the grace timer (grpc starts a handler
+    a few loop iterations after its call is received): it still goes first."""
+    monkeypatch.setattr(arrivals_module, "GAP_GRACE_S", 0.2)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        arrivals = Arrivals()
+        arrivals.start("insert", "conn", ("c", 0, 0)).dispatched()
+        two = arrivals.start("insert", "conn", ("c", 2, 1))  # call 1 is on its way
+        one = []
+
+        def stall():
+            time.sleep(0.35)  # the loop is held up past the grace; call 1 is received meanwhile
+            loop.call_soon(loop.call_soon, lambda: one.append(arrivals.start("insert", "conn", ("c", 1, 1))))
+
+        loop.call_soon(stall)
+        await asyncio.sleep(0.5)
+        assert one and await one[0].wait(0)
+        assert not await two.wait(0.05)  # 2 still waits for 1
+        one[0].dispatched()
+        assert await two.wait(1)
+
+    asyncio.run(main())
