@@ -22,9 +22,9 @@ handler ran, while later ones were already on their way) is given up on after
 so a short grace keeps the order; it is the delay a lost call costs the calls behind it.
 The grace counts time in which the event loop ran: a timer that fires late (the loop was
 held up, say on a busy machine) starts the grace again, because the missing call may have
-been received meanwhile and its handler may be queued behind the timer (measured: a
-producer's eighth blocked insert admitted before its fifth, with two test suites sharing
-2 cores).
+been received meanwhile and its handler may be queued behind the timer (seen once, with
+two test suites sharing 2 cores: a producer's eighth blocked insert was admitted before
+its fifth).
 A call without the metadata (another client) is numbered on arrival among its
 connection's calls (gRPC's ``context.peer()``), which orders all but calls started
 microseconds apart.
