@@ -8,12 +8,13 @@ import numpy as np
 import pyarrow as pa
 
 from expstore.errors import InvalidArgument
-from expstore_proto import arrow_ipc, framing, ipc_size
+from expstore_proto import arrow_ipc, ipc_size
 from expstore_proto.messages import message_to_dict
-from expstore_proto.service import ROWS_PAYLOAD
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.spec import TableSpec
 from expstore.table import Rows, Table
+
+from . import frames
 
 
 def spec_from_proto(config: pb.TableConfig) -> TableSpec:
@@ -82,11 +83,11 @@ def table_info(table: Table) -> pb.TableInfo:
 
 def rows_to_messages(rows: Rows, *, compress: bool, message_bytes: int) -> list[bytes]:
     """Split rows over framed RowsResponse messages of about ``message_bytes``, each a
-    whole IPC stream (see ``expstore_proto.framing``: the payload is not copied by protobuf)."""
+    whole IPC stream (see ``frames``: the payload is not copied by protobuf)."""
     out, start = [], 0
     for part in arrow_ipc.split_rows(rows.data, message_bytes):
         end = start + part.num_rows
-        out.append(framing.encode(rows_facts(rows, start, end), ROWS_PAYLOAD, arrow_ipc.encode(part, compress=compress)))
+        out.append(frames.rows_message(rows_facts(rows, start, end), part, compress=compress))
         start = end
     return out
 

@@ -30,14 +30,14 @@ import numpy as np
 from expstore import query
 from expstore.admission import Admission, Wait
 from expstore.errors import DeadlineExceeded, ExpstoreError, FailedPrecondition, InvalidArgument, Unavailable
-from expstore_proto import arrow_ipc, framing
-from expstore_proto.service import ROWS_PAYLOAD, Malformed
+from expstore_proto import arrow_ipc
+from expstore_proto.service import Malformed
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.catalog import Catalog
 from expstore.table import InsertResult, PreparedInsert, Table
 from expstore.turns import Turn
 
-from . import convert
+from . import convert, frames
 from .arrivals import Arrival, Arrivals, order_of
 from .security_log import SecurityLog
 from .auth import ANY_ROLE, Authenticator
@@ -396,7 +396,7 @@ class Servicer:
         that goes away interrupts its query (the ``finally``, on cancellation too)."""
 
         def encode(data) -> bytes:
-            return framing.encode(pb.RowsResponse(), ROWS_PAYLOAD, arrow_ipc.encode(data))
+            return frames.rows_message(pb.RowsResponse(), data)
 
         def next_messages() -> list[bytes] | None:  # one result batch
             batch = q.next_batch()
