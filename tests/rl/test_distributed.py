@@ -46,6 +46,9 @@ def test_explained_variance_over_two_ranks_is_the_figure_over_all_their_rows(tmp
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert got[0] == got[1] and abs(got[0] - whole) < 1e-12
+    # closed, no thread of the group outlives it into the interpreter's shutdown
+    for r in range(2):
+        assert not [t for t in json.loads((tmp_path / f"rank{r}.threads").read_text()) if "gloo" in t]
 
 
 def test_explained_variance_is_zero_when_the_returns_do_not_vary():
@@ -90,8 +93,14 @@ def fresh_start_worker(d: Dist, root: Path) -> None:
     (root / f"rank{d.rank}.ok").write_text("")
 
 
+def thread_names() -> list[str]:
+    """The names of this process's threads, native ones included (Linux)."""
+    return [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+
+
 if __name__ == "__main__":  # the torchrun worker: <what> <dir>
     d = distributed.init()
     {"explained-variance": explained_variance_worker, "fresh-start": fresh_start_worker}[sys.argv[1]](
         d, Path(sys.argv[2]))
-    distributed.close()
+    distributed.close(d)
+    (Path(sys.argv[2]) / f"rank{d.rank}.threads").write_text(json.dumps(thread_names()))
