@@ -2,8 +2,7 @@
 // length-delimited Arrow IPC field (expstore_proto.framing's layout), written straight into the
 // bytes object that grpc sends. In Python the IPC stream is written into an Arrow buffer and
 // then joined behind the small fields: two buffers the size of the rows, the second of which
-// is a fresh allocation and a full copy on every response (256 rows of 36 KiB: ~0.5 ms with
-// reused pages, several ms where the pages are touched for the first time).
+// is a fresh allocation and a full copy on every response (256 rows of 36 KiB: ~0.5 ms).
 //
 // frame(message, field, data) -> bytes: ``message`` (serialized, without the field) + tag and
 // varint length of ``field`` + the IPC stream of ``data`` (a RecordBatch or Table), uncompressed
