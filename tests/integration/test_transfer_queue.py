@@ -25,7 +25,7 @@ from transfer_queue import GRPOGroupNSampler
 import expstore_client.integrations.transfer_queue as backend
 from expstore_client import Client
 
-from ray_start import start_ray
+from ray_start import local_ray
 
 from ._util import start_server
 
@@ -68,12 +68,11 @@ def tq_config(address: str) -> dict:
 
 @pytest.fixture(scope="module")
 def tq_run(store):
-    start_ray(num_cpus=2, include_dashboard=False, log_to_driver=False,
-              runtime_env={"worker_process_setup_hook": HOOK})
-    tq.init(OmegaConf.create(tq_config(store.address), flags={"allow_objects": True}))
-    yield
-    tq.close()
-    ray.shutdown()
+    with local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                   runtime_env={"worker_process_setup_hook": HOOK}):
+        tq.init(OmegaConf.create(tq_config(store.address), flags={"allow_objects": True}))
+        yield
+        tq.close()
 
 
 @pytest.fixture

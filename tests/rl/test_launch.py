@@ -13,7 +13,7 @@ import pytest
 
 from expstore_client import Client
 from expstore_rl import grpo, launch, producer, trainer, weights
-from ray_start import start_ray
+import ray_start
 
 pytestmark = pytest.mark.slow
 TINY = ["--hidden", "64", "--heads", "2", "--layers", "1", "--intermediate", "64"]  # head_dim 32
@@ -31,11 +31,8 @@ def produced(stats: dict) -> int:
 
 @pytest.fixture
 def local_ray():
-    import ray
-
-    start_ray(address="local", num_cpus=2, include_dashboard=False)
-    yield ray
-    ray.shutdown()
+    with ray_start.local_ray(address="local", num_cpus=2, include_dashboard=False) as ray:
+        yield ray
 
 
 def test_ray_actors_produce_and_train_against_an_external_store(shared_server, client, table_name, tmp_path,
