@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,25 @@ class ServerProcess:
     @property
     def log(self) -> str:
         return "".join(self.stderr_lines)
+
+
+def restartable_port() -> str:
+    """A port for a server that a test kills and starts again at the same address: its
+    gRPC port and Flight's (the next one) are free now and lie below the kernel's
+    ephemeral range. A server on ``--port 0`` gets an ephemeral port; killed, its two
+    ports went back to that range, and a process of a suite running beside this one took
+    one before the restart (seen: "Address already in use" for the Flight port)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    while True:
+        port = rng.randrange(max(1024, low - 12000), low - 1)
+        try:
+            for p in (port, port + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return str(port)
 
 
 def start_server(data_dir: Path, config: str | None = None, *args: str, env: dict | None = None) -> ServerProcess:

@@ -23,7 +23,7 @@ from expstore_client import ShardedClient, ShardedInsertError
 from expstore_client._placement import place
 from expstore_client._shard_ids import decode
 
-from ._util import rpc_error, start_server, trajectories, wait_until
+from ._util import restartable_port, rpc_error, start_server, trajectories, wait_until
 
 P_MIN = 1e-3  # a correct sampler fails a chi-square test this rarely
 
@@ -35,7 +35,7 @@ def servers(tmp_path_factory):
     started: list = [None] * 3
 
     def start(i: int) -> None:
-        started[i] = start_server(root / f"data{i}")
+        started[i] = start_server(root / f"data{i}", None, *(("--port", restartable_port()) if i == 1 else ()))
 
     threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
     for t in threads:

@@ -27,7 +27,7 @@ from expstore_client import Client
 
 from ray_start import local_ray
 
-from ._util import start_server
+from ._util import restartable_port, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -42,7 +42,7 @@ class Store:
 
     def __init__(self, data_dir) -> None:
         self.data_dir = data_dir
-        self.server = start_server(data_dir)
+        self.server = start_server(data_dir, None, "--port", restartable_port())
         self.address = self.server.address
 
     def kill_and_restart(self) -> None:

@@ -21,7 +21,7 @@ import pytest
 from expstore_client import Client
 from expstore_rl import grpo, ppo, trainer
 
-from integration._util import start_server  # tests/ is on sys.path (rootdir, prepend import mode)
+from integration._util import restartable_port, start_server  # tests/ is on sys.path (rootdir, prepend import mode)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TINY = ["--hidden", "64", "--heads", "2", "--layers", "1", "--intermediate", "64", "--max-positions", "16"]
@@ -57,7 +57,7 @@ class Run:
 
     def __init__(self, tmp: Path, algo: str) -> None:
         self.root, self.algo, self.table = tmp, algo, f"{algo}_rollouts"
-        self.server = start_server(tmp / "data")
+        self.server = start_server(tmp / "data", None, "--port", restartable_port())
         self.inserted: list[int] = []
         self.groups = 0
         size = GROUP if algo == "grpo" else 1
