@@ -155,19 +155,22 @@ def insert_requests(table: str, data: pa.Table, priorities: Sequence[float] | No
         raise ValueError(f"{len(pr)} priorities for {data.num_rows} rows")
     if durability not in DURABILITY:
         raise ValueError(f"durability must be one of {[k for k in DURABILITY if k]}, got {durability!r}")
+    return _insert_messages(table, data, pr, timeout, DURABILITY[durability], compress, message_bytes)
 
-    def requests() -> Iterator[bytes]:
-        start = 0
-        for i, (part, payload) in enumerate(arrow_ipc.encode_parts(data, message_bytes, compress=compress)):
-            req = pb.InsertRequest()
-            if i == 0:
-                req.table, req.timeout_s, req.durability = table, timeout, DURABILITY[durability]
-            if pr is not None:
-                req.priorities.extend(pr[start:start + part.num_rows].tolist())
-            start += part.num_rows
-            yield framing.encode(req, INSERT_PAYLOAD, payload)
 
-    return requests()
+def _insert_messages(table: str, data: pa.Table, priorities: np.ndarray | None, timeout: float, durability: int,
+                     compress: bool, message_bytes: int) -> Iterator[bytes]:
+    # A generator of its own rather than a closure: its arguments live in its frame, not in
+    # one cell object each (thousands of inserts in flight hold one each).
+    start = 0
+    for i, (part, payload) in enumerate(arrow_ipc.encode_parts(data, message_bytes, compress=compress)):
+        req = pb.InsertRequest()
+        if i == 0:
+            req.table, req.timeout_s, req.durability = table, timeout, durability
+        if priorities is not None:
+            req.priorities.extend(priorities[start:start + part.num_rows].tolist())
+        start += part.num_rows
+        yield framing.encode(req, INSERT_PAYLOAD, payload)
 
 
 class StreamPoller:

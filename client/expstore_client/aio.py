@@ -162,8 +162,7 @@ class AsyncClient:
         traj_ids is safe: rows already stored are reported as duplicates. Inserts of one
         client reach the server in the order they were called, so the server admits them
         in that order when they must wait."""
-        return await (await self.insert_future(table, data, priorities=priorities, timeout=timeout,
-                                               durability=durability, compress=compress))
+        return await (await self._start_insert(table, data, priorities, timeout, durability, compress, self.flight))
 
     async def insert_future(self, table: str, data: Any, *, priorities: Sequence[float] | None = None,
                             timeout: float | None = None, durability: str | None = None,
@@ -171,10 +170,14 @@ class AsyncClient:
         """Start an insert and return once it is on its way, with a future of its
         result: with a few inserts in flight a producer encodes its next batch while the
         server validates this one (each insert is still all or none)."""
-        return await self._start_insert(table, data, priorities, timeout, durability, compress, self.flight)
+        return asyncio.ensure_future(
+            await self._start_insert(table, data, priorities, timeout, durability, compress, self.flight))
 
     async def _start_insert(self, table: str, data: Any, priorities, timeout: float | None,
-                            durability: str | None, compress: bool, flight: bool) -> "asyncio.Future[InsertResult]":
+                            durability: str | None, compress: bool, flight: bool) -> Awaitable[InsertResult]:
+        """Start an insert once the calls made before it have started: its result to await
+        (a coroutine over gRPC, so that ``insert`` makes no task of it: with thousands of
+        inserts in flight, fewer live objects make each garbage collection cheaper)."""
         turn = self._inserts.take()  # before any await: the order of the calls
         async with turn:
             schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
@@ -192,7 +195,7 @@ class AsyncClient:
                                                                  timeout, durability))
             call = await turn.start(lambda metadata: self._stub.Insert(requests, timeout=self._deadline(timeout),
                                                                        metadata=metadata), timeout)
-        return asyncio.ensure_future(_insert_result(call))
+        return _insert_result(call)
 
     async def _flight_insert(self, path: FlightPath, request: pb.InsertRequest, arrow: pa.Table, table: str,
                              data: Any, priorities, timeout: float, durability: str | None) -> InsertResult:
@@ -527,7 +530,7 @@ class _Start:
         """Start the call (``make_call(metadata)``; None: a call that is not a gRPC call
         of this channel) once the previous one has started and the channel is up."""
         if self._previous is not None and not self._previous.done():
-            await asyncio.shield(self._previous)  # not cancelled if this call is
+            await asyncio.shield(self._previous)  # not cancelled if this call is: the next call awaits it too
         await self._order.connected(timeout)
         if make_call is None:
             return None
@@ -544,7 +547,16 @@ class _Start:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if not self._started.done():  # started, failed before starting, or cancelled
+        """Pass the turn on: the call started, or failed or was cancelled before it did.
+        One that never started passes it on only once the call before it has started, so
+        that the call after it cannot overtake that one."""
+        if self._previous is None or self._previous.done():
+            self._pass_turn()
+        else:
+            self._previous.add_done_callback(self._pass_turn)
+
+    def _pass_turn(self, _previous: asyncio.Future | None = None) -> None:
+        if not self._started.done():
             self._started.set_result(None)
 
 
