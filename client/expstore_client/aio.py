@@ -530,7 +530,7 @@ class _Start:
         """Start the call (``make_call(metadata)``; None: a call that is not a gRPC call
         of this channel) once the previous one has started and the channel is up."""
         if self._previous is not None and not self._previous.done():
-            await asyncio.shield(self._previous)  # not cancelled if this call is: the next call awaits it too
+            await asyncio.shield(self._previous)  # not cancelled if this call is: __aexit__ waits on it
         await self._order.connected(timeout)
         if make_call is None:
             return None
