@@ -1,9 +1,10 @@
-"""The compiled parts of expstore: the native gather (expstore/gather_native.cpp) and the
-writer of gRPC row responses (server/expstore_server/framed_native.cpp), built against the
-pyarrow of the build (pyproject's build requirements pin the same pyarrow major version as
-the runtime's: the modules link to that version's libarrow). Optional: where they cannot
-be built (no C++ compiler), the install goes on and gather.py and frames.py do their work
-in Python. Everything else about the package is in pyproject.toml."""
+"""The compiled parts of expstore: the native gather (expstore/gather_native.cpp), the check
+of trajectory rules (expstore/validate_native.cpp) and the writer of gRPC row responses
+(server/expstore_server/framed_native.cpp), built against the pyarrow of the build
+(pyproject's build requirements pin the same pyarrow major version as the runtime's: the
+modules link to that version's libarrow). Optional: where they cannot be built (no C++
+compiler), the install goes on and gather.py, schema.py and frames.py do their work in
+Python. Everything else about the package is in pyproject.toml."""
 
 import glob
 import os
@@ -25,12 +26,12 @@ def _arrow_libraries() -> list[str]:
     return found
 
 
-def _native(name: str, source: str) -> Extension:
+def _native(name: str, source: str, optimize: str = "-O2") -> Extension:
     return Extension(
         name,
         sources=[source],
         include_dirs=[pyarrow.get_include(), pybind11.get_include()],
-        extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden"],
+        extra_compile_args=["-std=c++20", optimize, "-fvisibility=hidden"],
         extra_link_args=_arrow_libraries(),
         language="c++",
         optional=True,
@@ -39,5 +40,6 @@ def _native(name: str, source: str) -> Extension:
 
 setup(ext_modules=[
     _native("expstore._gather_native", "expstore/gather_native.cpp"),
+    _native("expstore._validate_native", "expstore/validate_native.cpp", "-O3"),  # its loops over tokens vectorise
     _native("expstore_server._framed_native", "server/expstore_server/framed_native.cpp"),
 ])

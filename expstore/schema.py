@@ -32,6 +32,11 @@ import pyarrow.compute as pc
 
 from .errors import InvalidArgument
 
+try:  # after pyarrow, which has loaded the libarrow the module links to
+    from . import _validate_native as native
+except ImportError:  # not built: no C++ compiler at install (setup.py)
+    native = None
+
 TURN = pa.struct([
     ("role", pa.string()), ("start", pa.int32()), ("end", pa.int32()),
     ("tool_name", pa.string()), ("tool_args", pa.string()), ("tool_result", pa.string()),
@@ -218,10 +223,15 @@ def validate_trajectories(data: pa.Table | pa.RecordBatch, *, table: str, row_of
        group_size is allowed: the group sampler's group_size then applies); group_id is
        non-empty where set.
 
-    Cost: O(rows + tokens) vectorised work per rule.
+    Cost: O(rows + tokens) vectorised work per rule, ~0.3 ms a call whatever the rows;
+    where it is built, the native check (validate_native.cpp) first answers in one pass
+    whether every rule holds (microseconds for a small insert), and these checks run only
+    to find and describe the first offending row.
     """
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
+    if native is not None and native.clean(data.to_batches(), vocab_size):
+        return
     found: Hit | None = None
     for check in (_required_not_null, _traj_id):  # whole-table checks
         hit = check(data)

@@ -11,11 +11,22 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
+from expstore import schema
 from expstore.errors import InvalidArgument
 from expstore.schema import (RESERVED_COLUMNS, TRAJECTORY_V1, TURN, conform, table_schema,
                              validate_trajectories)
 
 T = "t"  # table name in every error
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def validators(request, monkeypatch):
+    """Every test runs twice: with the native check in front of the Python checks
+    (validate_native.cpp, test_validate_native.py), and with the Python checks alone, as
+    where it is not built."""
+    if request.param == "python":
+        monkeypatch.setattr(schema, "native", None)
+    return request.param
 
 
 def make_row(i: int, n_tok: int | None = None) -> dict:
@@ -419,13 +430,17 @@ CORRUPTIONS = {
 }
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# too_slow; function_scoped_fixture: the validators fixture holds for every example alike.
+SUPPRESSED = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SUPPRESSED)
 @given(batch())
 def test_random_valid_batches_pass(rs):
     validate_trajectories(table(rs), table=T)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=SUPPRESSED)
 @given(batch(), st.sampled_from(sorted(CORRUPTIONS)), st.data())
 def test_first_corruption_is_reported_at_its_row(rs, column, data):
     row = data.draw(st.integers(1, len(rs) - 1))
