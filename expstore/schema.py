@@ -460,7 +460,9 @@ def _group_id(v: _View) -> Hit | None:
 @lru_cache(maxsize=64)
 def _batch_checks(vocab_size: int | None) -> tuple[Callable[[_View], Hit | None], ...]:
     """The per-batch rules, in tie-break order; each sees only rows that passed all
-    earlier rules."""
+    earlier rules. validate_native.cpp checks the same rules (and the whole-table ones):
+    a rule changed or added here is changed or added there too
+    (test_validate_native.py counts them)."""
     return (
         *(partial(_length, name=n) for n in ("loss_mask", "logprobs", *_PER_TOKEN)),
         *(partial(_null_items, name=n) for n in ("tokens", "loss_mask", "logprobs", *_PER_TOKEN, "step_rewards")),

@@ -11,6 +11,9 @@
 // cannot tell cheaply (a column of another type than conform gives, a null element inside a
 // list column's values, a negative vocab_size): then the Python checks decide. Reads only
 // the batches' buffers.
+//
+// The rules are those of schema.py (its _required_not_null, _traj_id and _batch_checks):
+// a rule changed there is changed here too.
 
 #include <arrow/api.h>
 #include <arrow/python/pyarrow.h>

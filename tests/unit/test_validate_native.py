@@ -25,6 +25,14 @@ def test_the_native_check_is_built():
     assert native is not None, "expstore._validate_native is missing: reinstall with a C++ compiler"
 
 
+def test_the_rules_it_repeats_are_the_python_rules():
+    """validate_native.cpp repeats schema.py's rules; a rule added there without its twin
+    here would be skipped for every clean batch. These are the rules it was written for."""
+    assert len(schema._batch_checks(None)) == 30
+    assert [f.name for f in schema.TRAJECTORY_V1 if not f.nullable] == [
+        "traj_id", "prompt_id", "task", "tokens", "loss_mask", "logprobs", "policy_version", "finish_reason"]
+
+
 def python_passes(t: pa.Table, vocab_size: int | None = None) -> bool:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(schema, "native", None)
