@@ -2,8 +2,10 @@
 
 ``python -m benchmarks.profile [--seconds 5] [--tokens 4096] [insert] [sample] [concurrent]``
 
-The server runs under a wrapper (``--serve``): the event-loop thread and every
-ThreadPoolExecutor work item (the engine threads) get their own cProfile profilers,
+The server runs under a wrapper (``--serve``): the event-loop thread, every
+ThreadPoolExecutor work item (the engine threads) and every Arrow Flight handler (the
+default client sends large inserts and samples over Flight, on Flight's own threads) get
+their own cProfile profilers,
 switched on by SIGUSR1 and off by SIGUSR2, so table set-up is not in the profile; the
 stats are written when the server exits. The client loop (one sync Client, batches of
 256 rows of ``--tokens`` tokens, 4096: ~36 KiB; or 1,000 async producers for ``concurrent``) is profiled in this process.
@@ -23,37 +25,44 @@ import threading
 import time
 
 TOP = 10
+_PARTS = {"loop": "event-loop thread", "workers": "engine and Flight threads"}
 
 
 def _serve(out: str, argv: list[str]) -> int:
     import concurrent.futures.thread as cft
 
     from expstore_server import main as server_main
+    from expstore_server.flight import FlightService
 
     state = {"on": False}
     loop_profiler = cProfile.Profile()
     worker_profilers: list[cProfile.Profile] = []
     local = threading.local()
-    original_run = cft._WorkItem.run
 
-    def run(self):
-        if not state["on"]:
-            return original_run(self)
-        p = getattr(local, "profiler", None)
-        if p is None:
-            p = local.profiler = cProfile.Profile()
-            worker_profilers.append(p)
-        p.enable()
-        try:
-            return original_run(self)
-        finally:
-            p.disable()
+    def profiled(handler):
+        """``handler`` under its thread's profiler while profiling is on: the engine's
+        work items, and the Arrow Flight handlers, which run on Flight's own threads."""
+        def run(*args, **kwargs):
+            if not state["on"]:
+                return handler(*args, **kwargs)
+            p = getattr(local, "profiler", None)
+            if p is None:
+                p = local.profiler = cProfile.Profile()
+                worker_profilers.append(p)
+            p.enable()
+            try:
+                return handler(*args, **kwargs)
+            finally:
+                p.disable()
+        return run
 
     def toggle(signum, frame):
         state["on"] = signum == signal.SIGUSR1
         loop_profiler.enable() if state["on"] else loop_profiler.disable()
 
-    cft._WorkItem.run = run
+    cft._WorkItem.run = profiled(cft._WorkItem.run)
+    for name in ("do_put", "do_get"):
+        setattr(FlightService, name, profiled(getattr(FlightService, name)))
     signal.signal(signal.SIGUSR1, toggle)
     signal.signal(signal.SIGUSR2, toggle)
     rc = server_main.main(argv)
@@ -123,7 +132,7 @@ def profile(what: str, seconds: float, tokens: int = 4096) -> str:
               _top(pstats.Stats(client_profiler), f"{what}: client")]
     for part in ("loop", "workers"):
         if os.path.exists(f"{out}.{part}"):
-            report.append(_top(pstats.Stats(f"{out}.{part}"), f"{what}: server {part} thread(s)"))
+            report.append(_top(pstats.Stats(f"{out}.{part}"), f"{what}: server {_PARTS[part]}"))
     return "\n\n".join(report)
 
 
