@@ -53,9 +53,13 @@ install: $(VLLM_STAMP)
 
 # Headless Chromium and its driver from Debian's packages, for the console's browser tests
 # (tests/integration/test_console_browser.py); installed only when missing (as root on CI).
+# apt waits up to APT_LOCK_S for a lock another apt holds (a second checkout's `make test`
+# installing at the same moment) rather than failing at once.
+APT_LOCK_S ?= 600
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+	  { apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_S) update -q && DEBIAN_FRONTEND=noninteractive \
+	    apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_S) install -y -q chromium chromium-driver; }
 
 # The daemon on embedded defaults: 127.0.0.1:50051, data dir ./expstore-data, and the web
 # console on http://127.0.0.1:8080 (docs/console.md).
