@@ -48,19 +48,26 @@ def wait_for(driver, css: str, timeout: float = 30.0):
     """The first element matching ``css``, once there and displayed."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
+    return wait_until(driver, ec.visibility_of_element_located((By.CSS_SELECTOR, css)), timeout)
 
 
 def wait_until(driver, condition, timeout: float = 30.0):
-    """``condition(driver)`` once truthy; an element the page re-rendered while the condition
-    read it (stale) counts as not yet."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """``condition(driver)`` once truthy. Counts as not yet: an element the page
+    re-rendered while the condition read it (stale), one not there yet, and a lookup
+    that a navigation cut short (the page reloading, as after a login)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(
-        lambda d: condition(d))
+    def holds(d):
+        try:
+            return condition(d)
+        except WebDriverException as e:
+            if "aborted by navigation" not in (e.msg or ""):
+                raise
+            return False
+
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(holds)
 
 
 def screenshot(driver, name: str) -> Path:
