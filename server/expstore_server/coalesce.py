@@ -11,6 +11,15 @@ Arrow bytes; at least one call) and commits them on one engine thread, as one
 ``prepare_insert`` and one ``try_insert``; each call then gets its own answer: its rows'
 ids and counts, as if it had been committed alone. While a group is being committed the
 next calls queue up, so groups grow with the load and a lone call waits for nobody.
+Under a steady stream of calls (thousands of producers each sending now and then) the
+commits are short, so few calls queue behind each and every group pays the commit's fixed
+cost (~2.5 ms of engine CPU, which also takes the GIL from the event loop receiving the
+calls): measured with 10,000 producers offering 1,590 calls a second, groups of 2-11
+calls, and the server fell behind. So after a group of several calls, when fewer calls
+than that group had are queued, the next group first waits ``delay_s`` (2 ms) for the
+rest of its crowd, as PostgreSQL's ``commit_delay`` does when other transactions are
+active (measured: 10-18% more calls a second, p99 ~30% lower). A lone producer never
+waits: its queue is empty after each call.
 Groups are committed one at a time, not pipelined: preparing the next group on a second
 engine thread while one is written made inserts slower here, since the RocksDB write
 holds the GIL (expstore/tiers/rocks.py, "Cost of a write").
@@ -53,6 +62,7 @@ from .arrivals import Arrival, Line
 
 MAX_ROWS = 16384
 MAX_BYTES = 8 << 20
+DELAY_S = 0.002  # how long a group waits for the calls of a crowd that has not all queued yet
 
 
 @dataclass
@@ -89,9 +99,11 @@ class Pending:
 
 
 class InsertCoalescer:
-    def __init__(self, run: Callable[..., Awaitable], max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, run: Callable[..., Awaitable], max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES,
+                 delay_s: float = DELAY_S, sleep: Callable[[float], Awaitable] = asyncio.sleep) -> None:
         self._run = run  # runs a function on an engine thread
         self.max_rows, self.max_bytes = max_rows, max_bytes
+        self.delay_s, self._sleep = delay_s, sleep
         self._queues: dict[Table, deque[Pending]] = {}
         self.groups = 0  # groups of several calls committed whole (tests, benchmarks)
 
@@ -111,8 +123,12 @@ class InsertCoalescer:
 
     async def _drain(self, table: Table, queue: deque[Pending]) -> None:
         try:
+            last = 0  # calls in the group committed last
             while queue:
+                if last > 1 and len(queue) < last and self.delay_s > 0:  # its crowd is still arriving
+                    await self._sleep(self.delay_s)
                 group = self._take(table, queue)
+                last = len(group)
                 if not group:  # their callers have gone
                     continue
                 try:

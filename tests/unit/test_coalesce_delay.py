@@ -1,0 +1,119 @@
+"""The insert coalescer's group-commit delay (server/expstore_server/coalesce.py): after a
+group of several calls, the next group waits for the rest of its crowd when fewer calls
+than that are queued; a lone producer, or a crowd already queued, never waits. The clock
+is the test's: the coalescer is handed a ``sleep`` that records each wait and lets calls
+arrive during it, and a ``run`` that records each group and lets calls arrive during
+its commit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from expstore.spec import SamplerSpec, TableSpec
+from expstore.synthetic import trajectories
+from expstore.table import Table
+from expstore_server.arrivals import Line
+from expstore_server.coalesce import InsertCoalescer, Pending
+
+DELAY_S = 0.5  # never really waited: the test's sleep only records it
+
+
+def _table() -> Table:
+    return Table(TableSpec(name="t", kind="trajectory", sampler=SamplerSpec(type="fifo"), max_size=10_000), seed=0)
+
+
+class _Crowd:
+    """Producers' calls into one table, and what the coalescer did with them: the calls
+    of each group committed, the waits it took. ``arrive_during_commit[k]`` calls
+    arrive while the k-th group is committed, ``arrive_during_wait[k]`` during the k-th
+    wait."""
+
+    def __init__(self, arrive_during_commit: dict[int, int], arrive_during_wait: dict[int, int],
+                 delay_s: float = DELAY_S) -> None:
+        self.table = _table()
+        self.groups: list[list[str]] = []
+        self.waits: list[float] = []
+        self.calls: list[asyncio.Task] = []
+        self._during_commit, self._during_wait = arrive_during_commit, arrive_during_wait
+        self._sent = 0
+        self.coalescer = InsertCoalescer(self._run, delay_s=delay_s, sleep=self._sleep)
+
+    async def arrive(self, n: int) -> None:
+        """``n`` new calls start; each has joined the queue on return."""
+        for _ in range(n):
+            name = f"call{self._sent}"
+            self._sent += 1
+            rows = trajectories(2, tokens=4, id_prefix=f"{name}-", seed=self._sent)
+            call = Pending([rows], np.ones(2), None, rows.nbytes, alone=_never_alone)
+            self.calls.append(asyncio.create_task(self.coalescer.insert(self.table, call, Line().arrive(0), None)))
+        await asyncio.sleep(0)  # each runs up to its queue.append
+
+    async def answers(self) -> list:
+        """Every call's answer, once all have one (calls keep arriving meanwhile)."""
+        while not all(c.done() for c in self.calls):
+            await asyncio.gather(*self.calls)
+        return [c.result() for c in self.calls]
+
+    async def _run(self, fn, table, group):
+        self.groups.append([c.parts[0].column("traj_id")[0].as_py().split("-")[0] for c in group])
+        await self.arrive(self._during_commit.get(len(self.groups) - 1, 0))
+        return fn(table, group)
+
+    async def _sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        await self.arrive(self._during_wait.get(len(self.waits) - 1, 0))
+
+
+async def _never_alone(*args):
+    raise AssertionError("a group that commits whole never commits its calls one by one")
+
+
+def test_after_a_group_of_several_calls_the_next_waits_for_the_rest_of_its_crowd():
+    async def main():
+        crowd = _Crowd(arrive_during_commit={0: 1}, arrive_during_wait={0: 2})
+        await crowd.arrive(3)
+        results = await crowd.answers()
+        # Without the wait, the call that arrived during the first commit would have been
+        # committed alone, and the two behind it together: [call3], [call4, call5].
+        assert crowd.groups == [["call0", "call1", "call2"], ["call3", "call4", "call5"]]
+        assert crowd.waits == [DELAY_S]
+        assert [r.num_inserted for r in results] == [2] * 6 and len(crowd.table) == 12
+
+    asyncio.run(main())
+
+
+def test_a_lone_producer_never_waits():
+    async def main():
+        crowd = _Crowd(arrive_during_commit={}, arrive_during_wait={})
+        for _ in range(3):  # one call at a time, each answered before the next starts
+            await crowd.arrive(1)
+            await crowd.calls[-1]
+        assert crowd.groups == [["call0"], ["call1"], ["call2"]] and crowd.waits == []
+
+    asyncio.run(main())
+
+
+def test_a_crowd_already_queued_goes_at_once_and_a_group_of_one_does_not_wait():
+    async def main():
+        # Two calls, then three arrive during their commit (no wait: as many as the last
+        # group are queued), then one during the next commit (after a group of three,
+        # fewer are queued: a wait, during which nobody comes).
+        crowd = _Crowd(arrive_during_commit={0: 3, 1: 1}, arrive_during_wait={})
+        await crowd.arrive(2)
+        await crowd.answers()
+        assert crowd.groups == [["call0", "call1"], ["call2", "call3", "call4"], ["call5"]]
+        assert crowd.waits == [DELAY_S]
+
+    asyncio.run(main())
+
+
+def test_no_delay_means_no_wait():
+    async def main():
+        crowd = _Crowd(arrive_during_commit={0: 1}, arrive_during_wait={0: 2}, delay_s=0.0)
+        await crowd.arrive(3)
+        await crowd.answers()
+        assert crowd.groups == [["call0", "call1", "call2"], ["call3"]] and crowd.waits == []
+
+    asyncio.run(main())
