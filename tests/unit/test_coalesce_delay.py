@@ -1,9 +1,10 @@
 """The insert coalescer's group-commit delay (server/expstore_server/coalesce.py): after a
 group of several calls, the next group waits for the rest of its crowd when fewer calls
-than that are queued; a lone producer, or a crowd already queued, never waits. The clock
-is the test's: the coalescer is handed a ``sleep`` that records each wait and lets calls
-arrive during it, and a ``run`` that records each group and lets calls arrive during
-its commit."""
+than that are queued, until as many are queued (or the delay is over); a lone producer,
+or a crowd already queued, never waits. The clock is the test's: the coalescer is handed
+a ``wait`` that records each wait, lets calls arrive during it and records whether the
+crowd was complete at its end, and a ``run`` that records each group and lets calls
+arrive during its commit; one test waits on the real clock for a crowd that comes back."""
 
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ class _Crowd:
         self.table = _table()
         self.groups: list[list[str]] = []
         self.waits: list[float] = []
+        self.complete: list[bool] = []  # whether each wait's crowd was all queued at its end
         self.calls: list[asyncio.Task] = []
         self._during_commit, self._during_wait = arrive_during_commit, arrive_during_wait
         self._sent = 0
-        self.coalescer = InsertCoalescer(self._run, delay_s=delay_s, sleep=self._sleep)
+        self.coalescer = InsertCoalescer(self._run, delay_s=delay_s, wait=self._wait)
 
     async def arrive(self, n: int) -> None:
         """``n`` new calls start; each has joined the queue on return."""
@@ -61,9 +63,10 @@ class _Crowd:
         await self.arrive(self._during_commit.get(len(self.groups) - 1, 0))
         return fn(table, group)
 
-    async def _sleep(self, seconds: float) -> None:
+    async def _wait(self, crowd: asyncio.Future, seconds: float) -> None:
         self.waits.append(seconds)
         await self.arrive(self._during_wait.get(len(self.waits) - 1, 0))
+        self.complete.append(crowd.done())
 
 
 async def _never_alone(*args):
@@ -78,7 +81,7 @@ def test_after_a_group_of_several_calls_the_next_waits_for_the_rest_of_its_crowd
         # Without the wait, the call that arrived during the first commit would have been
         # committed alone, and the two behind it together: [call3], [call4, call5].
         assert crowd.groups == [["call0", "call1", "call2"], ["call3", "call4", "call5"]]
-        assert crowd.waits == [DELAY_S]
+        assert crowd.waits == [DELAY_S] and crowd.complete == [True]  # three queued: the wait ends
         assert [r.num_inserted for r in results] == [2] * 6 and len(crowd.table) == 12
 
     asyncio.run(main())
@@ -104,7 +107,7 @@ def test_a_crowd_already_queued_goes_at_once_and_a_group_of_one_does_not_wait():
         await crowd.arrive(2)
         await crowd.answers()
         assert crowd.groups == [["call0", "call1"], ["call2", "call3", "call4"], ["call5"]]
-        assert crowd.waits == [DELAY_S]
+        assert crowd.waits == [DELAY_S] and crowd.complete == [False]  # one of three: waits it out
 
     asyncio.run(main())
 
@@ -115,5 +118,41 @@ def test_no_delay_means_no_wait():
         await crowd.arrive(3)
         await crowd.answers()
         assert crowd.groups == [["call0", "call1", "call2"], ["call3"]] and crowd.waits == []
+
+    asyncio.run(main())
+
+
+def test_the_wait_ends_once_as_many_calls_as_the_last_group_are_queued():
+    """On the real clock: three producers' calls are committed together while a fourth
+    producer's call arrives; the three come back with their next calls as soon as they
+    are answered, and the next group goes then, without waiting out a delay far longer
+    than the test's timeout."""
+    async def main():
+        table, committed, late = _table(), [], []
+
+        async def run(fn, table, group):
+            committed.append(len(group))
+            if len(committed) == 1:  # the fourth producer's call arrives during the commit
+                late.append(asyncio.create_task(call()))
+                await asyncio.sleep(0)
+            return fn(table, group)
+
+        coalescer = InsertCoalescer(run, delay_s=3600.0)
+        sent = 0
+
+        async def call():
+            nonlocal sent
+            sent += 1
+            rows = trajectories(2, tokens=4, id_prefix=f"c{sent}-", seed=sent)
+            return await coalescer.insert(table, Pending([rows], np.ones(2), None, rows.nbytes, alone=_never_alone),
+                                          Line().arrive(0), None)
+
+        async def producer():
+            for _ in range(2):  # back to back: the second call once the first is answered
+                await call()
+
+        await asyncio.wait_for(asyncio.gather(*(producer() for _ in range(3))), timeout=60)
+        await asyncio.wait_for(late[0], timeout=60)
+        assert committed == [3, 4] and len(table) == 14
 
     asyncio.run(main())
