@@ -117,7 +117,7 @@ class InsertCoalescer:
         self.max_rows, self.max_bytes = max_rows, max_bytes
         self.delay_s, self._wait = delay_s, wait
         self._queues: dict[Table, deque[Pending]] = {}
-        self._crowds: dict[Table, tuple[int, asyncio.Future]] = {}  # a table's awaited crowd: its size, done once queued
+        self._crowds: dict[Table, tuple[int, asyncio.Future]] = {}  # awaited crowds: size, done once queued
         self.groups = 0  # groups of several calls committed whole (tests, benchmarks)
 
     async def insert(self, table: Table, call: Pending, arrival: Arrival, wait_s: float | None) -> InsertResult:
@@ -141,7 +141,7 @@ class InsertCoalescer:
         try:
             last = 0  # calls in the group committed last
             while queue:
-                if last > 1 and len(queue) < last and self.delay_s > 0:  # its crowd is still arriving
+                if len(queue) < last and self.delay_s > 0:  # its crowd is still arriving (never after a group of one)
                     await self._gather(table, last)
                 group = self._take(table, queue)
                 last = len(group)

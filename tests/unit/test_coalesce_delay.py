@@ -18,11 +18,19 @@ from expstore.table import Table
 from expstore_server.arrivals import Line
 from expstore_server.coalesce import InsertCoalescer, Pending
 
-DELAY_S = 0.5  # never really waited: the test's sleep only records it
+DELAY_S = 0.5  # never really waited: the test's wait only records it
 
 
 def _table() -> Table:
     return Table(TableSpec(name="t", kind="trajectory", sampler=SamplerSpec(type="fifo"), max_size=10_000), seed=0)
+
+
+def _insert(coalescer: InsertCoalescer, table: Table, name: str, seed: int):
+    """A producer's Insert call of two rows (traj_ids ``name-0``, ``name-1``), queued in
+    a line of its own: its answer, once committed."""
+    rows = trajectories(2, tokens=4, id_prefix=f"{name}-", seed=seed)
+    call = Pending([rows], np.ones(2), None, rows.nbytes, alone=_never_alone)
+    return coalescer.insert(table, call, Line().arrive(0), None)
 
 
 class _Crowd:
@@ -47,9 +55,7 @@ class _Crowd:
         for _ in range(n):
             name = f"call{self._sent}"
             self._sent += 1
-            rows = trajectories(2, tokens=4, id_prefix=f"{name}-", seed=self._sent)
-            call = Pending([rows], np.ones(2), None, rows.nbytes, alone=_never_alone)
-            self.calls.append(asyncio.create_task(self.coalescer.insert(self.table, call, Line().arrive(0), None)))
+            self.calls.append(asyncio.create_task(_insert(self.coalescer, self.table, name, self._sent)))
         await asyncio.sleep(0)  # each runs up to its queue.append
 
     async def answers(self) -> list:
@@ -100,14 +106,14 @@ def test_a_lone_producer_never_waits():
 
 def test_a_crowd_already_queued_goes_at_once_and_a_group_of_one_does_not_wait():
     async def main():
-        # Two calls, then three arrive during their commit (no wait: as many as the last
-        # group are queued), then one during the next commit (after a group of three,
-        # fewer are queued: a wait, during which nobody comes).
-        crowd = _Crowd(arrive_during_commit={0: 3, 1: 1}, arrive_during_wait={})
+        # Two calls, then two arrive during their commit (no wait: as many as the last
+        # group are queued), then one during the next commit (after a group of two,
+        # fewer are queued: a wait, during which nobody comes), then none.
+        crowd = _Crowd(arrive_during_commit={0: 2, 1: 1}, arrive_during_wait={})
         await crowd.arrive(2)
         await crowd.answers()
-        assert crowd.groups == [["call0", "call1"], ["call2", "call3", "call4"], ["call5"]]
-        assert crowd.waits == [DELAY_S] and crowd.complete == [False]  # one of three: waits it out
+        assert crowd.groups == [["call0", "call1"], ["call2", "call3"], ["call4"]]
+        assert crowd.waits == [DELAY_S] and crowd.complete == [False]  # one of two: waits it out
 
     asyncio.run(main())
 
@@ -143,9 +149,7 @@ def test_the_wait_ends_once_as_many_calls_as_the_last_group_are_queued():
         async def call():
             nonlocal sent
             sent += 1
-            rows = trajectories(2, tokens=4, id_prefix=f"c{sent}-", seed=sent)
-            return await coalescer.insert(table, Pending([rows], np.ones(2), None, rows.nbytes, alone=_never_alone),
-                                          Line().arrive(0), None)
+            return await _insert(coalescer, table, f"c{sent}", sent)
 
         async def producer():
             for _ in range(2):  # back to back: the second call once the first is answered
