@@ -249,10 +249,9 @@ class Intake:
         return col.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def _check_keys(self, keys: list) -> None:
-        for i, k in enumerate(keys):
-            if k is None:
-                raise InvalidArgument(f"table {self.name!r}: row {i}, column {self.spec.key!r}: "
-                                      f"the key column must not be null")
+        if None in keys:  # (scans in C, as set() below does: no Python loop per row)
+            raise InvalidArgument(f"table {self.name!r}: row {keys.index(None)}, column {self.spec.key!r}: "
+                                  f"the key column must not be null")
         if len(set(keys)) != len(keys):
             seen: dict[str, int] = {}
             for i, k in enumerate(keys):

@@ -143,7 +143,8 @@ def conform(data: pa.Table | pa.RecordBatch, schema: pa.Schema, *, table: str) -
     columns = []
     for f in schema:
         if f.name not in names:
-            _require(f.nullable, f"table {table!r}: required column {f.name!r} ({f.type}) is missing")
+            if not f.nullable:  # (the message only when it is raised: a few us a column)
+                raise InvalidArgument(f"table {table!r}: required column {f.name!r} ({f.type}) is missing")
             columns.append(pa.nulls(data.num_rows, f.type))
             continue
         col = data.column(f.name)
@@ -186,11 +187,13 @@ def _is_string(t: pa.DataType) -> bool:
 
 
 def _check_names(names: list[str], table: str) -> None:
-    dup = sorted({n for n in names if names.count(n) > 1})
-    _require(not dup, f"table {table!r}: duplicate column name(s) {dup}")
-    reserved = sorted(set(names) & RESERVED_COLUMNS)
-    _require(not reserved, f"table {table!r}: column(s) {reserved} are server-owned "
-             f"({sorted(RESERVED_COLUMNS)}) and cannot be written or defined")
+    unique = set(names)
+    if len(unique) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidArgument(f"table {table!r}: duplicate column name(s) {dup}")
+    if not unique.isdisjoint(RESERVED_COLUMNS):
+        raise InvalidArgument(f"table {table!r}: column(s) {sorted(unique & RESERVED_COLUMNS)} are server-owned "
+                              f"({sorted(RESERVED_COLUMNS)}) and cannot be written or defined")
 
 
 # --------------------------------------------------------------------------- validation
