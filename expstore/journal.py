@@ -43,10 +43,10 @@ def pack(kind: str, fields: dict[str, Any]) -> bytes:
         if isinstance(value, np.ndarray):
             arrays.append([name, value.dtype.str, len(value)])
             buffers.append(np.ascontiguousarray(value).tobytes())
-        elif isinstance(value, list):
+        elif isinstance(value, (list, pa.Array, pa.ChunkedArray)):
             text = _text(value)
             if text is None:
-                strings[name] = value
+                strings[name] = value if isinstance(value, list) else value.to_pylist()
             else:
                 offsets, data = text
                 texts.append([name, len(value), len(data)])
@@ -77,21 +77,33 @@ def unpack(data: bytes) -> tuple[str, dict[str, Any]]:
     return header["k"], fields
 
 
-def _text(value: list) -> tuple[memoryview, memoryview] | None:
-    """A list of strings as Arrow's (offsets, UTF-8 bytes), or None for any other list
-    (kept as JSON). A snapshot holds every live item's key: JSON took ~90 ms for 200,000
-    of them, Arrow's own conversion ~20 (and reading them back 108 -> 27 ms)."""
-    if not value or not isinstance(value[0], str):
+def _text(value: list | pa.Array | pa.ChunkedArray) -> tuple[memoryview | bytes, memoryview] | None:
+    """A list (or Arrow array) of strings as Arrow's (offsets, UTF-8 bytes), or None for
+    any other list, or one with nulls (kept as JSON). A snapshot holds every live item's
+    key: JSON took ~90 ms for 200,000 of them, Arrow's own conversion ~20 (and reading
+    them back 108 -> 27 ms)."""
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        if not (pa.types.is_string(value.type) or pa.types.is_large_string(value.type)):
+            return None
+        array = value.cast(pa.large_string())
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+    elif not value or not isinstance(value[0], str):
         return None
-    try:
-        array = pa.array(value, pa.large_string())
-    except (pa.ArrowTypeError, pa.ArrowInvalid):
-        return None
-    if array.null_count:
+    else:
+        try:
+            array = pa.array(value, pa.large_string())
+        except (pa.ArrowTypeError, pa.ArrowInvalid):
+            return None
+    if array.null_count or not len(array):
         return None
     _, offsets, data = array.buffers()
-    end = int(np.frombuffer(offsets, np.int64, count=len(value) + 1)[-1])
-    return memoryview(offsets)[:8 * (len(value) + 1)], memoryview(data)[:end] if data is not None else memoryview(b"")
+    bounds = np.frombuffer(offsets, np.int64, count=array.offset + len(array) + 1)[array.offset:]
+    start, end = int(bounds[0]), int(bounds[-1])
+    data = memoryview(data)[start:end] if data is not None else memoryview(b"")
+    if start == 0 and array.offset == 0:
+        return memoryview(offsets)[:8 * (len(array) + 1)], data
+    return (bounds - start).tobytes(), data  # a slice: its offsets rebased to its first value
 
 
 class Journal:

@@ -41,7 +41,7 @@ def state(table) -> dict:
     s["group"] = [table.parts.groups.name(c) if c >= 0 else None for c in ix["group"][live]]
     s["task"] = [table.parts.tasks.name(c) if c >= 0 else None for c in ix["task"][live]]
     s["keys"] = table.parts.keys.keys_of(live)
-    s["removed"] = table.parts.keys.removed()[0]
+    s["removed"] = table.parts.keys.removed()[0].to_pylist()
     s["next_id"] = ix.next_id
     s["touches"] = table.touches
     s["version"] = table.policy_version
