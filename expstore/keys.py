@@ -9,7 +9,8 @@ entry and its copy in Arrow). Not thread-safe: the table holds its lock.
 Each pass over an insert's keys runs in C (``map`` of a dict method), never a Python
 loop per key: 256 keys were looked up in ~110 us by a generator, ~15 us so.
 
-The window is a dict (for lookups) and the keys that filled it, oldest first, in batches
+One dict holds every known key, live or in the window (a removal touches no dict; a
+lookup is one probe). The window's keys are also kept in the order they left, in batches
 of about ``SEAL_KEYS``: a list (to forget them) and, once the batch is full, an Arrow
 array (for snapshots). A snapshot, taken under the table's lock, chunks those arrays: with
 the default window of a million keys, listing an ordered dict's keys and ids took ~0.5 s
@@ -34,38 +35,35 @@ SEAL_KEYS = 4096  # removed keys gathered before they are converted to Arrow (on
 class KeyRegistry:
     def __init__(self, window: int, seal_keys: int = SEAL_KEYS) -> None:
         self.window = window
-        self._live: dict[str, int] = {}  # live key -> item id
-        self._removed: dict[str, int] = {}  # recently removed key -> item id
-        # The same keys in the order they left; the first _forgotten of the oldest batch
-        # have left the window. A key never leaves twice while remembered: it is a
-        # duplicate, never stored again, until it is forgotten.
-        self._batches: deque[_Batch] = deque()
-        self._forgotten = 0
+        # Every known key -> its item id: live ones, and those in the window. A key that
+        # leaves keeps its entry until it is forgotten (a removal touches no dict): it
+        # cannot be stored again meanwhile (a duplicate), so it never leaves twice.
+        self._known: dict[str, int] = {}
+        self._batches: deque[_Batch] = deque()  # the window's keys in the order they left
+        self._forgotten = 0  # keys of the oldest batch already forgotten
+        self._remembered = 0  # keys in the window
         self.seal_keys = seal_keys
         self._of_slot = np.empty(0, dtype=object)
 
     def lookup(self, keys: Sequence[str]) -> np.ndarray:
-        """uint64 item ids of known keys, 0 for unknown ones."""
-        ids = np.fromiter(map(self._live.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
-        if self._removed:  # item ids start at 1: 0 is "not live"
-            removed = np.fromiter(map(self._removed.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
-            ids = np.where(ids == 0, removed, ids)
-        return ids
+        """uint64 item ids of known keys, 0 for unknown ones (item ids start at 1)."""
+        return np.fromiter(map(self._known.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
 
     def add(self, slots: np.ndarray, keys: list[str], ids: np.ndarray) -> None:
         if len(self._of_slot) <= int(slots.max(initial=-1)):
             self._of_slot = np.resize(self._of_slot, max(16, 2 * (int(slots.max()) + 1)))
         self._of_slot[slots] = keys
-        self._live.update(zip(keys, ids.tolist()))
+        self._known.update(zip(keys, ids.tolist()))
 
     def remove(self, slots: np.ndarray, ids: np.ndarray, remember: bool = True) -> None:
         """The items in ``slots`` left: their keys move to the removed window (unless not
         ``remember``: a quarantined item's rows may be inserted again)."""
         keys = self._of_slot[slots].tolist()
         self._of_slot[slots] = None
-        _consume(map(self._live.pop, keys, repeat(None)))
         if self.window and remember:
             self._remember(keys, ids.tolist())
+        else:
+            _consume(map(self._known.pop, keys, repeat(None)))
         self._forget_oldest()
 
     def keys_of(self, slots: np.ndarray) -> list[str]:
@@ -82,20 +80,23 @@ class KeyRegistry:
 
     def restore_removed(self, keys: list[str], ids: np.ndarray) -> None:
         """The window of a snapshot (``removed``), before any removal since."""
-        self._remember(list(keys), np.asarray(ids).tolist())
+        ids = np.asarray(ids).tolist()
+        self._known.update(zip(keys, ids))
+        self._remember(list(keys), ids)
 
     def _remember(self, keys: list[str], ids: list[int]) -> None:
-        self._removed.update(zip(keys, ids))
         if not self._batches or self._batches[-1].sealed:
             self._batches.append(_Batch())
         self._batches[-1].extend(keys, ids, self.seal_keys)
+        self._remembered += len(keys)
 
     def _forget_oldest(self) -> None:
         """Forget the keys that left longest ago until at most ``window`` are remembered."""
-        while len(self._removed) > self.window:
+        while self._remembered > self.window:
             keys = self._batches[0].keys
-            end = min(len(keys), self._forgotten + len(self._removed) - self.window)
-            _consume(map(self._removed.pop, keys[self._forgotten:end], repeat(None)))
+            end = min(len(keys), self._forgotten + self._remembered - self.window)
+            _consume(map(self._known.pop, keys[self._forgotten:end], repeat(None)))
+            self._remembered -= end - self._forgotten
             self._forgotten = end
             if end == len(keys):
                 self._batches.popleft()
