@@ -25,6 +25,8 @@ from .pacing import Reservation
 from . import quarantine  # the module: quarantine.py journals Quarantined records
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from .table import Table
 
 _ROWS = ("chunk", "row", "priority", "policy_version", "inserted_at", "group_size", "reward")
@@ -77,8 +79,8 @@ class Inserted(Record):
     ids: np.ndarray
     stored: np.ndarray
     keys: list | None
-    groups: list | None
-    tasks: list | None
+    groups: list | pa.ChunkedArray | None  # an Arrow column when written, a list when read back
+    tasks: list | pa.ChunkedArray | None
     victims: np.ndarray
     chunk: np.ndarray
     row: np.ndarray

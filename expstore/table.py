@@ -247,16 +247,18 @@ class Table:
         for name, values in (("episode", prep.episodes), ("data_version", prep.data_versions)):
             if values is not None:
                 rows[name] = values[new_rows]
-        groups = prep.groups.take(pa.array(new_rows)) if prep.groups is not None else None
-        tasks = prep.tasks.take(pa.array(new_rows)) if prep.tasks is not None else None
-        keys = [prep.keys[i] for i in new_rows.tolist()] if prep.keys is not None else None
+        groups, tasks, keys = prep.groups, prep.tasks, prep.keys
+        if n_new < n:  # (as a rule every row is new: no copies then)
+            groups = groups.take(pa.array(new_rows)) if groups is not None else None
+            tasks = tasks.take(pa.array(new_rows)) if tasks is not None else None
+            keys = [keys[i] for i in new_rows.tolist()] if keys is not None else None
         new_ids = np.arange(self._index.next_id, self._index.next_id + n_new, dtype=np.uint64)
         reservations = None if prep.reservations is None else prep.reservations[new_rows]
         if self._journal is not None:  # logged first: a failed write changes nothing
             self.journal(Inserted(
                 insert_durability=durability, ids=new_ids, stored=store[new_rows], keys=keys,
-                groups=None if groups is None else groups.to_pylist(), reservations=reservations,
-                tasks=None if tasks is None else tasks.to_pylist(), victims=self._index["id"][victims], **rows),
+                groups=_labels(groups), tasks=_labels(tasks), reservations=reservations,
+                victims=self._index["id"][victims], **rows),
                 durability)
         # From here on the insert is applied whole.
         self.remove_slots(victims, "max_size", log=False)
@@ -777,6 +779,12 @@ class Table:
         """Rebuild a durable table from its journal after a restart (recovery.py)."""
         with self.lock:
             return recovery.restore(self)
+
+
+def _labels(values: pa.ChunkedArray | None) -> pa.ChunkedArray | None:
+    """Group or task strings as the journal keeps them: the Arrow column (packed as it is),
+    or None where no row has one (replayed as none, as ``_codes`` reads it)."""
+    return None if values is None or values.null_count == len(values) else values
 
 
 def _codes(book: Codebook, values: pa.ChunkedArray | list | None, n: int) -> np.ndarray:
