@@ -7,16 +7,16 @@ window costs about 190 bytes per remembered key of 12 characters (the string, it
 entry and its copy in Arrow). Not thread-safe: the table holds its lock.
 
 Each pass over an insert's keys runs in C (``map`` of a dict method), never a Python
-loop per key: 256 keys were looked up in ~110 us by a generator, ~15 us so.
+loop per key: 256 keys were looked up in ~110 us by a generator, ~25 us so.
 
 One dict holds every known key, live or in the window (a removal touches no dict; a
 lookup is one probe). The window's keys are also kept in the order they left, in batches
 of about ``SEAL_KEYS``: a list (to forget them) and, once the batch is full, an Arrow
 array (for snapshots). A snapshot, taken under the table's lock, chunks those arrays: with
-the default window of a million keys, listing an ordered dict's keys and ids took ~0.5 s
-under the lock, and converting the list to Arrow ~0.27 s more on the snapshot writer,
-holding the GIL (every call of the server stalled); now ~3 ms and ~3 ms, and each key
-costs its conversion once, when its batch fills.
+the default window of a million keys, listing an ordered dict's keys and ids took 0.41-0.45 s
+under the lock in a server (every insert and sample of the table waited), and converting
+the list to Arrow ~0.27 s more on the snapshot writer, holding the GIL; now 1-3 ms under
+the lock and ~40 ms to pack, and each key is converted once, when its batch fills.
 """
 
 from __future__ import annotations
