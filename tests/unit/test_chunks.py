@@ -1,4 +1,4 @@
-"""ChunkStore refcounts and dead-byte accounting; KeyRegistry's removal window."""
+"""ChunkStore refcounts and dead-byte accounting."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from expstore.chunks import ChunkStore
 from expstore.placement import Placement
-from expstore.keys import KeyRegistry
 from expstore.tiers.memory import MemoryTier
 
 
@@ -57,13 +56,3 @@ def test_small_chunks_are_merged_oldest_first_once_enough_accumulate(monkeypatch
     merged = store.replace([0, more[0], more[1]], batch(300))  # not small itself
     assert store.compaction_candidates() == [] and len(store) == 2
     assert store.get([merged])[merged].num_rows == 300
-
-
-def test_keys_are_remembered_for_a_window_of_removals():
-    keys = KeyRegistry(window=2)
-    keys.add(np.array([0, 1, 2]), ["a", "b", "c"], np.array([1, 2, 3], dtype=np.uint64))
-    assert keys.lookup(["a", "x", "c"]).tolist() == [1, 0, 3]
-    keys.remove(np.array([0, 1, 2]), np.array([1, 2, 3], dtype=np.uint64))
-    assert keys.lookup(["a", "b", "c"]).tolist() == [0, 2, 3]  # "a" fell out of the window
-    keys.add(np.array([0]), ["a"], np.array([4], dtype=np.uint64))  # slot reuse
-    assert keys.lookup(["a"]).tolist() == [4]

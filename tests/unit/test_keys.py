@@ -1,7 +1,7 @@
-"""The idempotency keys' removal window against the simplest model of it: an ordered dict
-of the keys that left, oldest first, trimmed to ``window`` (what keys.py kept before its
-window became a dict and a FIFO of removals), through random inserts and removals,
-snapshots and restores."""
+"""The idempotency keys' removal window: against the simplest model of it (an ordered dict
+of the keys that left, oldest first, trimmed to ``window``: what keys.py kept before it
+held one dict of known keys and a FIFO of the removed ones) through random inserts and
+removals, snapshots and restores; and as the journal packs it."""
 
 from __future__ import annotations
 
@@ -39,10 +39,16 @@ OPS = st.lists(st.one_of(st.tuples(st.just("insert"), st.integers(0, 6)),
                max_size=40)
 
 
-def restored(keys: KeyRegistry, live: dict[int, tuple[str, int]]) -> KeyRegistry:
-    """A new registry from a snapshot of ``keys`` packed and unpacked as the journal does."""
+def snapshot(keys: KeyRegistry) -> dict:
+    """The removal window of ``keys`` packed and unpacked as the journal does."""
     removed_keys, removed_ids = keys.removed()
     _, fields = journal.unpack(journal.pack("snapshot", {"removed_keys": removed_keys, "removed_ids": removed_ids}))
+    return fields
+
+
+def restored(keys: KeyRegistry, live: dict[int, tuple[str, int]]) -> KeyRegistry:
+    """A new registry from a snapshot of ``keys``, and the live keys."""
+    fields = snapshot(keys)
     again = KeyRegistry(keys.window, keys.seal_keys)
     slots = np.array(sorted(live), dtype=np.int64)
     again.add(slots, [live[s][0] for s in slots.tolist()], np.array([live[s][1] for s in slots.tolist()], np.uint64))
@@ -81,12 +87,21 @@ def test_window_matches_an_ordered_dict_trimmed_oldest_first(window, seal_keys, 
         assert keys.lookup(probes).tolist() == [model.lookup(p) for p in probes]
 
 
+def test_keys_are_remembered_for_a_window_of_removals():
+    keys = KeyRegistry(window=2)
+    keys.add(np.array([0, 1, 2]), ["a", "b", "c"], np.array([1, 2, 3], dtype=np.uint64))
+    assert keys.lookup(["a", "x", "c"]).tolist() == [1, 0, 3]
+    keys.remove(np.array([0, 1, 2]), np.array([1, 2, 3], dtype=np.uint64))
+    assert keys.lookup(["a", "b", "c"]).tolist() == [0, 2, 3]  # "a" fell out of the window
+    keys.add(np.array([0]), ["a"], np.array([4], dtype=np.uint64))  # slot reuse
+    assert keys.lookup(["a"]).tolist() == [4]
+
+
 def test_a_snapshot_of_a_trimmed_window_packs_only_what_it_remembers():
     keys = KeyRegistry(window=3, seal_keys=2)
     keys.add(np.arange(5), [f"k{i}" for i in range(5)], np.arange(1, 6, dtype=np.uint64))
     keys.remove(np.arange(5), np.arange(1, 6, dtype=np.uint64))  # k0 and k1 forgotten at once
-    removed_keys, removed_ids = keys.removed()
-    _, fields = journal.unpack(journal.pack("snapshot", {"removed_keys": removed_keys, "removed_ids": removed_ids}))
+    fields = snapshot(keys)
     assert fields["removed_keys"] == ["k2", "k3", "k4"]
     assert fields["removed_ids"].tolist() == [3, 4, 5]
 
