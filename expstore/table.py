@@ -534,10 +534,11 @@ class Table:
         """(item ids, policy versions) sampled for training step ``step``, in order."""
         return self._streams.manifest(step)
 
-    def wait_for_read_ahead(self) -> None:
-        """Return once the read-ahead asked for so far has run (``Mover.wait_for_read_ahead``):
-        what a test or an operator reading the memory cache's contents waits for."""
-        self._mover.wait_for_read_ahead()
+    def wait_for_background(self) -> None:
+        """Return once the read-ahead and compaction passes started so far have run
+        (``Mover.wait_for_background``): what a test or an operator reading the memory
+        cache's contents or the table's chunks waits for."""
+        self._mover.wait_for_background()
 
     def demote(self) -> int:
         """One pass of the store's mover over the remote tier (``Mover.demote``)."""

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocksdict import WriteBatch
 
-from expstore import codec
+from expstore import codec, movement
+from expstore.chunks import ChunkStore
 from expstore.errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 from expstore.journal import Journal, pack, unpack
 from expstore.spec import RateLimiterSpec, SamplerSpec, TableSpec
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def state(table) -> dict:
+    table.wait_for_background()  # a compaction under way re-points items when it ends
     ix = table.parts.index
     live = ix.live_slots()
     s = {name: ix[name][live].copy() for name in ("id", "chunk", "row", "priority", "times_sampled",
@@ -419,7 +421,7 @@ def test_a_stream_reads_ahead_only_what_the_cache_can_hold(tmp_path):
     store = Catalog(tmp_path / "d")
     t = store.table("t")
     ids = [int(i) for _ in range(4) for i in t.stream("g", 16).item_ids]
-    t.wait_for_read_ahead()
+    t.wait_for_background()
     assert ids == list(range(1, 65)) and t.stats()["prefetched"] == 0
     store.close()
 
@@ -434,13 +436,123 @@ def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
     t = store.table("t")
     assert t.stats()["memory_chunks"] == 0
     first = t.stream("g", 16)
-    t.wait_for_read_ahead()  # the read-ahead has run
+    t.wait_for_background()  # the read-ahead has run
     assert t.stats()["prefetched"] >= 1
     nxt = int(t.parts.index["chunk"][t.parts.index.lookup(np.array([first.item_ids[-1] + 1]))][0])
     assert t.parts.placement.resident(nxt)
     ids = [int(i) for _ in range(7) for i in t.stream("g", 16).item_ids]
-    t.wait_for_read_ahead()  # the last read-ahead has run too
+    t.wait_for_background()  # the last read-ahead has run too
     assert ids == list(range(17, 129)) and not t.parts.placement.pinned()
+    store.close()
+
+
+def held_compaction(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """(copying, go): the first compaction pass signals ``copying`` as it starts copying
+    rows (outside the table lock) and waits for ``go``; later passes run at once."""
+    copying, go, real = threading.Event(), threading.Event(), movement.take_rows
+
+    def take_rows(*args):
+        if not copying.is_set():
+            copying.set()
+            assert go.wait(30)
+        return real(*args)
+    monkeypatch.setattr(movement, "take_rows", take_rows)
+    return copying, go
+
+
+def insert_small(t, prefix: str, n: int = 8):
+    return t.insert(trajectories(n, tokens=16, groups=0, seed=0, id_prefix=prefix)).item_ids
+
+
+@pytest.mark.parametrize("evicted_meanwhile", [12, 24])
+def test_items_that_leave_while_a_compaction_copies_their_chunks_stay_gone(tmp_path, monkeypatch, evicted_meanwhile):
+    """A compaction pass copies rows outside the table lock, so calls go on meanwhile:
+    items evicted then stay gone (dead rows of the new chunk, or with every item gone no
+    new chunk at all), the others read back their own rows from it, before and after a
+    restart, and nothing is left on the SSD that no item references."""
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", sampler=SamplerSpec("uniform"), remover="fifo", max_size=40))
+    first = insert_small(t, "a")
+    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(2.5 * t.stats()["memory_bytes"]))
+    copying, go = held_compaction(monkeypatch)
+    rows = {int(i): f"a-{k}" for k, i in enumerate(first)}
+    for p in ("b", "c"):  # the third small chunk starts a pass over all three
+        rows.update((int(i), f"{p}-{k}") for k, i in enumerate(insert_small(t, p)))
+    assert copying.wait(30)
+    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", 1 << 40)  # no second pass
+    for p in ("d", "e", "f"):  # fifo evicts chunk a (24 rows in, 40 kept)
+        rows.update((int(i), f"{p}-{k}") for k, i in enumerate(insert_small(t, p)))
+    rest = evicted_meanwhile - 8  # and then 4 rows of b, or all of b and c
+    for k in range(0, rest, 8):
+        rows.update((int(i), f"g{k}-{j}") for j, i in enumerate(insert_small(t, f"g{k}", min(8, rest - k))))
+    go.set()
+    t.wait_for_background()
+    s = t.stats()
+    live = sorted(rows)[-40:]
+    assert len(t) == 40 and sorted(t.parts.index["id"][t.parts.index.live_slots()].tolist()) == live
+    assert (s["compactions"], s["compacted_rows"]) == ((1, 24 - evicted_meanwhile) if evicted_meanwhile < 24 else (0, 0))
+    before = state(t)
+    assert t.get(live).data.column("traj_id").to_pylist() == [rows[i] for i in live]
+    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(before["chunk"].tolist()))
+    store.close()
+
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    assert_same(before, state(t))
+    assert t.get(live).data.column("traj_id").to_pylist() == [rows[i] for i in live]
+    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(before["chunk"].tolist()))
+    store.close()
+
+
+def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_again(tmp_path, monkeypatch):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", sampler=SamplerSpec("uniform")))
+    insert_small(t, "a")
+    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(2.5 * t.stats()["memory_bytes"]))
+    copying, go = held_compaction(monkeypatch)
+    insert_small(t, "b")
+    insert_small(t, "c")
+    assert copying.wait(30)
+    store.db.min_free_bytes = 1 << 62  # the disk is "full" when the pass writes its chunk
+    go.set()
+    t.wait_for_background()
+    store.db.min_free_bytes = 0
+    s = t.stats()
+    assert (s["compactions"], s["compaction_failures"], s["chunks"]) == (0, 1, 3)
+    insert_small(t, "d")  # the next insert starts a pass again
+    t.wait_for_background()
+    s = t.stats()
+    assert (s["compactions"], s["chunks"]) == (2, 1)  # a, b and c merged, then that chunk and d
+    expected = [f"{p}-{k}" for p in "abcd" for k in range(8)]
+    assert t.get(list(range(1, 33))).data.column("traj_id").to_pylist() == expected
+    before = state(t)
+    store.close()
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    assert_same(before, state(t))
+    assert t.get(list(range(1, 33))).data.column("traj_id").to_pylist() == expected
+    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(before["chunk"].tolist()))
+    store.close()
+
+
+def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, monkeypatch):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", sampler=SamplerSpec("uniform")))
+    insert_small(t, "a")
+    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(1.5 * t.stats()["memory_bytes"]))
+    copying, go = held_compaction(monkeypatch)
+    insert_small(t, "b")
+    assert copying.wait(30)
+    closing = threading.Thread(target=store.close)
+    closing.start()
+    time.sleep(0.2)  # close waits for the pass
+    assert closing.is_alive()
+    go.set()
+    closing.join(30)
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    assert t.get(list(range(1, 17))).data.column("traj_id").to_pylist() == [f"{p}-{k}" for p in "ab" for k in range(8)]
+    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(state(t)["chunk"].tolist()))
     store.close()
 
 
@@ -699,7 +811,7 @@ def test_samples_warm_a_restarted_tables_memory_cache_while_it_has_room(tmp_path
     t = store.table("t")
     assert t.stats()["items_memory"] == 0
     t.sample(64)
-    t.wait_for_read_ahead()
+    t.wait_for_background()
     assert t.stats()["items_memory"] == 64 and not t.parts.placement.pinned()
     store.close()
 
