@@ -43,6 +43,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator, Sequence
 
@@ -201,10 +202,12 @@ class Table:
             if not self._limiter.can_insert(n_new):
                 return Wait(f"rate limiter: {n_new} inserts must wait for samples", self.epoch)
             with self._gate.admitted(line, turn):
-                result = self._apply_insert(prep, ids, new, prep.durability)
+                result, compaction = self._apply_insert(prep, ids, new, prep.durability)
             prep.staged.clear()
         if prep.durability == "fsync":
             self.storage.db.sync()  # one fsync covers every write before it: group commit
+        if compaction is not None:  # the insert that starts a compaction pass waits for it (Mover.compact)
+            futures.wait([compaction])
         return result
 
     def abandon_insert(self, prep: PreparedInsert) -> None:
@@ -215,7 +218,9 @@ class Table:
                 prep.staged.clear()
 
     def _apply_insert(self, prep: PreparedInsert, ids: np.ndarray, new: np.ndarray,
-                      durability: str) -> InsertResult:
+                      durability: str) -> tuple[InsertResult, futures.Future | None]:
+        """Commit a prepared insert (lock held): its result, and the compaction pass it
+        started, if any."""
         n = prep.num_rows
         n_new = int(new.sum())
         if prep.references is not None:
@@ -277,9 +282,9 @@ class Table:
             self._lineage.purge(self._index.is_live, len(self._index))
         self.counters["inserted_bytes"] += nbytes
         self.counters["duplicates"] += n - n_new
-        self._mover.compact()
+        compaction = self._mover.compact()
         self.changed()
-        return InsertResult(ids, n_new, n - n_new, int((stale & new).sum()), new, stale & new)
+        return InsertResult(ids, n_new, n - n_new, int((stale & new).sum()), new, stale & new), compaction
 
     def add_items(self, ids: np.ndarray, rows: dict[str, np.ndarray], groups, tasks,
                    keys: list[str] | None, stored: np.ndarray, late: np.ndarray | None = None) -> None:

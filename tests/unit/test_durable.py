@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import zlib
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -448,7 +448,8 @@ def test_a_cold_stream_reads_ahead_into_memory(tmp_path):
 
 def held_compaction(monkeypatch) -> tuple[threading.Event, threading.Event]:
     """(copying, go): the first compaction pass signals ``copying`` as it starts copying
-    rows (outside the table lock) and waits for ``go``; later passes run at once."""
+    rows (outside the table lock) and waits for ``go``; later passes run at once. The
+    insert that starts it waits for it too: start that one with ``in_thread``."""
     copying, go, real = threading.Event(), threading.Event(), movement.take_rows
 
     def take_rows(*args):
@@ -464,6 +465,10 @@ def insert_small(t, prefix: str, n: int = 8):
     return t.insert(trajectories(n, tokens=16, groups=0, seed=0, id_prefix=prefix)).item_ids
 
 
+def in_thread(fn, *args) -> Future:
+    return ThreadPoolExecutor(1).submit(fn, *args)
+
+
 @pytest.mark.parametrize("evicted_meanwhile", [12, 24])
 def test_items_that_leave_while_a_compaction_copies_their_chunks_stay_gone(tmp_path, monkeypatch, evicted_meanwhile):
     """A compaction pass copies rows outside the table lock, so calls go on meanwhile:
@@ -476,9 +481,11 @@ def test_items_that_leave_while_a_compaction_copies_their_chunks_stay_gone(tmp_p
     monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(2.5 * t.stats()["memory_bytes"]))
     copying, go = held_compaction(monkeypatch)
     rows = {int(i): f"a-{k}" for k, i in enumerate(first)}
-    for p in ("b", "c"):  # the third small chunk starts a pass over all three
-        rows.update((int(i), f"{p}-{k}") for k, i in enumerate(insert_small(t, p)))
+    rows.update((int(i), f"b-{k}") for k, i in enumerate(insert_small(t, "b")))
+    third = in_thread(insert_small, t, "c")  # the third small chunk starts a pass over all three
     assert copying.wait(30)
+    time.sleep(0.1)
+    assert not third.done()  # that insert returns once the pass is done (the others go on)
     monkeypatch.setattr(ChunkStore, "MERGE_BYTES", 1 << 40)  # no second pass
     for p in ("d", "e", "f"):  # fifo evicts chunk a (24 rows in, 40 kept)
         rows.update((int(i), f"{p}-{k}") for k, i in enumerate(insert_small(t, p)))
@@ -486,6 +493,7 @@ def test_items_that_leave_while_a_compaction_copies_their_chunks_stay_gone(tmp_p
     for k in range(0, rest, 8):
         rows.update((int(i), f"g{k}-{j}") for j, i in enumerate(insert_small(t, f"g{k}", min(8, rest - k))))
     go.set()
+    rows.update((int(i), f"c-{k}") for k, i in enumerate(third.result(30)))
     t.wait_for_background()
     s = t.stats()
     live = sorted(rows)[-40:]
@@ -511,10 +519,11 @@ def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_a
     monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(2.5 * t.stats()["memory_bytes"]))
     copying, go = held_compaction(monkeypatch)
     insert_small(t, "b")
-    insert_small(t, "c")
+    third = in_thread(insert_small, t, "c")
     assert copying.wait(30)
     store.db.min_free_bytes = 1 << 62  # the disk is "full" when the pass writes its chunk
     go.set()
+    third.result(30)  # the insert itself was committed before the pass began
     t.wait_for_background()
     store.db.min_free_bytes = 0
     s = t.stats()
@@ -541,7 +550,7 @@ def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, 
     insert_small(t, "a")
     monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(1.5 * t.stats()["memory_bytes"]))
     copying, go = held_compaction(monkeypatch)
-    insert_small(t, "b")
+    second = in_thread(insert_small, t, "b")
     assert copying.wait(30)
     closing = threading.Thread(target=store.close)
     closing.start()
@@ -549,6 +558,7 @@ def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, 
     assert closing.is_alive()
     go.set()
     closing.join(30)
+    second.result(30)
     store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert t.get(list(range(1, 17))).data.column("traj_id").to_pylist() == [f"{p}-{k}" for p in "ab" for k in range(8)]
