@@ -26,8 +26,8 @@ from .archive import Archive
 from .chunks import ChunkStore
 from .errors import DataLoss, ExpstoreError
 from .gather import take_rows
-from .prefixes import whole_rows
 from .placement import Staged
+from .prefixes import whole_rows
 from .records import ArchiveExpired, Archived, Compacted, Demoted
 
 if TYPE_CHECKING:

@@ -469,17 +469,45 @@ def in_thread(fn, *args) -> Future:
     return ThreadPoolExecutor(1).submit(fn, *args)
 
 
+def merging_table(tmp_path, monkeypatch, chunks: float, **spec):
+    """(store, table t, the ids of its first 8 rows "a", copying, go): a durable table
+    holding one small chunk, whose merges start once ``chunks`` times its bytes of small
+    chunks accumulate, the first pass held (``held_compaction``)."""
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", sampler=SamplerSpec("uniform"), **spec))
+    first = insert_small(t, "a")
+    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(chunks * t.stats()["memory_bytes"]))
+    return (store, t, first, *held_compaction(monkeypatch))
+
+
+def traj_ids_of(t, ids) -> list[str]:
+    return t.get(list(ids)).data.column("traj_id").to_pylist()
+
+
+def assert_no_orphans(t) -> None:
+    """The table's SSD holds exactly the chunks its live items reference."""
+    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(state(t)["chunk"].tolist()))
+
+
+def assert_restarts_the_same(store, path, before: dict, ids, expected: list[str]) -> None:
+    """Close the store and open it again: table t's state, the rows of ``ids`` and the
+    chunks on its SSD are as they were."""
+    store.close()
+    store = Catalog(path)
+    t = store.table("t")
+    assert_same(before, state(t))
+    assert traj_ids_of(t, ids) == expected
+    assert_no_orphans(t)
+    store.close()
+
+
 @pytest.mark.parametrize("evicted_meanwhile", [12, 24])
 def test_items_that_leave_while_a_compaction_copies_their_chunks_stay_gone(tmp_path, monkeypatch, evicted_meanwhile):
     """A compaction pass copies rows outside the table lock, so calls go on meanwhile:
     items evicted then stay gone (dead rows of the new chunk, or with every item gone no
     new chunk at all), the others read back their own rows from it, before and after a
     restart, and nothing is left on the SSD that no item references."""
-    store = Catalog(tmp_path / "d")
-    t = store.create_table(TableSpec("t", sampler=SamplerSpec("uniform"), remover="fifo", max_size=40))
-    first = insert_small(t, "a")
-    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(2.5 * t.stats()["memory_bytes"]))
-    copying, go = held_compaction(monkeypatch)
+    store, t, first, copying, go = merging_table(tmp_path, monkeypatch, 2.5, remover="fifo", max_size=40)
     rows = {int(i): f"a-{k}" for k, i in enumerate(first)}
     rows.update((int(i), f"b-{k}") for k, i in enumerate(insert_small(t, "b")))
     third = in_thread(insert_small, t, "c")  # the third small chunk starts a pass over all three
@@ -499,25 +527,14 @@ def test_items_that_leave_while_a_compaction_copies_their_chunks_stay_gone(tmp_p
     live = sorted(rows)[-40:]
     assert len(t) == 40 and sorted(t.parts.index["id"][t.parts.index.live_slots()].tolist()) == live
     assert (s["compactions"], s["compacted_rows"]) == ((1, 24 - evicted_meanwhile) if evicted_meanwhile < 24 else (0, 0))
-    before = state(t)
-    assert t.get(live).data.column("traj_id").to_pylist() == [rows[i] for i in live]
-    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(before["chunk"].tolist()))
-    store.close()
-
-    store = Catalog(tmp_path / "d")
-    t = store.table("t")
-    assert_same(before, state(t))
-    assert t.get(live).data.column("traj_id").to_pylist() == [rows[i] for i in live]
-    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(before["chunk"].tolist()))
-    store.close()
+    expected = [rows[i] for i in live]
+    assert traj_ids_of(t, live) == expected
+    assert_no_orphans(t)
+    assert_restarts_the_same(store, tmp_path / "d", state(t), live, expected)
 
 
 def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_again(tmp_path, monkeypatch):
-    store = Catalog(tmp_path / "d")
-    t = store.create_table(TableSpec("t", sampler=SamplerSpec("uniform")))
-    insert_small(t, "a")
-    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(2.5 * t.stats()["memory_bytes"]))
-    copying, go = held_compaction(monkeypatch)
+    store, t, _, copying, go = merging_table(tmp_path, monkeypatch, 2.5)
     insert_small(t, "b")
     third = in_thread(insert_small, t, "c")
     assert copying.wait(30)
@@ -533,23 +550,12 @@ def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_a
     s = t.stats()
     assert (s["compactions"], s["chunks"]) == (2, 1)  # a, b and c merged, then that chunk and d
     expected = [f"{p}-{k}" for p in "abcd" for k in range(8)]
-    assert t.get(list(range(1, 33))).data.column("traj_id").to_pylist() == expected
-    before = state(t)
-    store.close()
-    store = Catalog(tmp_path / "d")
-    t = store.table("t")
-    assert_same(before, state(t))
-    assert t.get(list(range(1, 33))).data.column("traj_id").to_pylist() == expected
-    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(before["chunk"].tolist()))
-    store.close()
+    assert traj_ids_of(t, range(1, 33)) == expected
+    assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 33), expected)
 
 
 def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, monkeypatch):
-    store = Catalog(tmp_path / "d")
-    t = store.create_table(TableSpec("t", sampler=SamplerSpec("uniform")))
-    insert_small(t, "a")
-    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", int(1.5 * t.stats()["memory_bytes"]))
-    copying, go = held_compaction(monkeypatch)
+    store, t, _, copying, go = merging_table(tmp_path, monkeypatch, 1.5)
     second = in_thread(insert_small, t, "b")
     assert copying.wait(30)
     closing = threading.Thread(target=store.close)
@@ -561,8 +567,8 @@ def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, 
     second.result(30)
     store = Catalog(tmp_path / "d")
     t = store.table("t")
-    assert t.get(list(range(1, 17))).data.column("traj_id").to_pylist() == [f"{p}-{k}" for p in "ab" for k in range(8)]
-    assert sorted(t.parts.placement.ssd.stored_chunks()) == sorted(set(state(t)["chunk"].tolist()))
+    assert traj_ids_of(t, range(1, 17)) == [f"{p}-{k}" for p in "ab" for k in range(8)]
+    assert_no_orphans(t)
     store.close()
 
 
