@@ -14,6 +14,7 @@ background thread per table. Damage met on the way is handed to the table
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from .records import ArchiveExpired, Archived, Compacted, Demoted
 
 if TYPE_CHECKING:
     from .table import Table
+
+log = logging.getLogger("expstore.table")
 
 
 class Mover:
@@ -218,8 +221,12 @@ class Mover:
         try:
             rows = take_rows(work.batches, work.chunks, work.rows, work.schema)
             staged = self.chunks.stage(rows, "wal")
-        except ExpstoreError:  # e.g. a full disk: compaction can wait, the table goes on
-            pass
+        except ExpstoreError as e:  # e.g. a full disk: compaction can wait, the table goes on
+            log.warning("table %r: a compaction pass could not write its chunk; the next insert or "
+                        "removal tries again: %s", self.table.name, e)
+        except Exception:  # nobody reads a background pass's future: this is the only trace
+            log.exception("table %r: a compaction pass failed; its chunks are kept as they were",
+                          self.table.name)
         finally:
             with self.table.lock:
                 try:
@@ -254,7 +261,9 @@ class Mover:
             return
         try:
             table.journal(Compacted(ids=work.ids, chunk=staged.chunk_id))
-        except ExpstoreError:
+        except ExpstoreError as e:
+            log.warning("table %r: a compaction pass could not journal its chunk; the next insert or "
+                        "removal tries again: %s", table.name, e)
             self.placement.delete([staged.chunk_id])
             table.counters["compaction_failures"] += 1
             return

@@ -533,7 +533,7 @@ def test_items_that_leave_while_a_compaction_copies_their_chunks_stay_gone(tmp_p
     assert_restarts_the_same(store, tmp_path / "d", state(t), live, expected)
 
 
-def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_again(tmp_path, monkeypatch):
+def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_again(tmp_path, monkeypatch, caplog):
     store, t, _, copying, go = merging_table(tmp_path, monkeypatch, 2.5)
     insert_small(t, "b")
     third = in_thread(insert_small, t, "c")
@@ -545,10 +545,40 @@ def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_a
     store.db.min_free_bytes = 0
     s = t.stats()
     assert (s["compactions"], s["compaction_failures"], s["chunks"]) == (0, 1, 3)
+    [failure] = [r for r in caplog.records if "compaction" in r.getMessage()]
+    assert failure.levelname == "WARNING" and "table 't'" in failure.getMessage()
     insert_small(t, "d")  # the next insert starts a pass again
     t.wait_for_background()
     s = t.stats()
     assert (s["compactions"], s["chunks"]) == (2, 1)  # a, b and c merged, then that chunk and d
+    expected = [f"{p}-{k}" for p in "abcd" for k in range(8)]
+    assert traj_ids_of(t, range(1, 33)) == expected
+    assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 33), expected)
+
+
+def test_an_unexpected_error_in_a_compaction_pass_is_logged_and_loses_nothing(tmp_path, monkeypatch, caplog):
+    """A pass runs on a background thread whose result nobody reads: an error there that
+    is not the store's own (a bug) is logged with its traceback and counted, and the
+    table goes on with its chunks as they were."""
+    store, t, _, _, go = merging_table(tmp_path, monkeypatch, 2.5)
+    go.set()  # no pass is held
+    real = movement.take_rows
+
+    def broken(*args):
+        raise RuntimeError("a bug in the copy")
+    monkeypatch.setattr(movement, "take_rows", broken)
+    insert_small(t, "b")
+    insert_small(t, "c")  # starts the pass, which fails
+    t.wait_for_background()
+    s = t.stats()
+    assert (s["compactions"], s["compaction_failures"], s["chunks"]) == (0, 1, 3)
+    [failure] = [r for r in caplog.records if "compaction" in r.getMessage()]
+    assert failure.levelname == "ERROR" and "table 't'" in failure.getMessage()
+    assert "a bug in the copy" in str(failure.exc_info[1])
+    monkeypatch.setattr(movement, "take_rows", real)
+    insert_small(t, "d")
+    t.wait_for_background()
+    assert t.stats()["chunks"] == 1
     expected = [f"{p}-{k}" for p in "abcd" for k in range(8)]
     assert traj_ids_of(t, range(1, 33)) == expected
     assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 33), expected)
