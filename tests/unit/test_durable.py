@@ -602,6 +602,46 @@ def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, 
     store.close()
 
 
+CRASH_IN_A_COMPACTION = """
+import os, sys
+from expstore import movement
+from expstore.catalog import Catalog
+from expstore.chunks import ChunkStore
+from expstore.spec import SamplerSpec, TableSpec
+from expstore.synthetic import trajectories
+
+t = Catalog(sys.argv[1]).create_table(TableSpec("t", sampler=SamplerSpec("uniform")))
+rows = lambda prefix: trajectories(8, tokens=16, groups=0, seed=0, id_prefix=prefix)
+t.insert(rows("a"))
+ChunkStore.MERGE_BYTES = int(2.5 * t.stats()["memory_bytes"])  # the third chunk starts a pass
+where = {"copying": (movement, "take_rows"), "staged": (movement.Mover, "_commit_compaction"),
+         "journaled": (ChunkStore, "replace")}[sys.argv[2]]
+setattr(*where, lambda *args, **kwargs: os._exit(0))  # like kill -9: no close
+t.insert(rows("b"))
+t.insert(rows("c"))
+os._exit(1)  # not reached: the pass ends the process
+"""
+
+
+@pytest.mark.parametrize("crash_at, chunks", [("copying", 3), ("staged", 3), ("journaled", 1)])
+def test_a_crash_during_a_compaction_pass_loses_no_row_and_leaves_no_orphan(tmp_path, crash_at, chunks):
+    """The process dies while a pass copies rows, once it has written the new chunk (not
+    yet journaled), or once it has journaled it (the old chunks not yet freed): a restart
+    finds every row in its place, in the old chunks or the new one, and removes the chunk
+    that no item references."""
+    out = subprocess.run([sys.executable, "-c", CRASH_IN_A_COMPACTION, str(tmp_path / "d"), crash_at],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    assert store.restored["t"]["lost"] == 0
+    assert t.stats()["chunks"] == chunks
+    expected = [f"{p}-{k}" for p in "abc" for k in range(8)]
+    assert traj_ids_of(t, range(1, 25)) == expected
+    assert_no_orphans(t)
+    assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 25), expected)
+
+
 def legacy_block(batch: pa.RecordBatch) -> bytes:
     """A block as the SSD tier wrote them before blob files: EXK1 | crc32 | zstd(IPC message)."""
     body = zstandard.ZstdCompressor(level=1).compress(batch.serialize())
