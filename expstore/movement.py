@@ -38,6 +38,8 @@ log = logging.getLogger("expstore.table")
 
 
 class Mover:
+    MAX_BACKOFF = 1024  # after failed compaction passes, the starts skipped, doubling up to this
+
     def __init__(self, table: "Table", chunks: ChunkStore, archive: Archive | None) -> None:
         self.table = table
         self.chunks = chunks
@@ -46,6 +48,8 @@ class Mover:
         self._pool: ThreadPoolExecutor | None = None
         self._prefetching: set[int] = set()  # chunks being read ahead
         self._compacting = False  # a compaction pass is under way (one at a time)
+        self._backoff = 0  # starts skipped after the last failed pass (0: it succeeded)
+        self._skips = 0  # starts still to skip
 
     def demote(self) -> int:
         """One pass over the remote tier: reach it if it was never reached or its last
@@ -204,6 +208,9 @@ class Mover:
         chosen = self.chunks.compaction_candidates()
         if not chosen:
             return None
+        if self._skips:  # the last pass failed: a full disk, or a bug that would fail every pass
+            self._skips -= 1
+            return None
         ix = table.parts.index
         slots = ix.live_slots()
         slots = slots[np.isin(ix["chunk"][slots], chosen)]
@@ -222,19 +229,21 @@ class Mover:
             rows = take_rows(work.batches, work.chunks, work.rows, work.schema)
             staged = self.chunks.stage(rows, "wal")
         except ExpstoreError as e:  # e.g. a full disk: compaction can wait, the table goes on
-            log.warning("table %r: a compaction pass could not write its chunk; the next insert or "
-                        "removal tries again: %s", self.table.name, e)
+            log.warning("table %r: a compaction pass could not write its chunk: %s", self.table.name, e)
         except Exception:  # nobody reads a background pass's future: this is the only trace
             log.exception("table %r: a compaction pass failed; its chunks are kept as they were",
                           self.table.name)
         finally:
             with self.table.lock:
                 try:
-                    self._commit_compaction(work, staged)
+                    failed = not self._commit_compaction(work, staged)
                 finally:
                     self.placement.unpin(work.chosen)
                     self._compacting = False
-                if staged is not None:  # after a failure (a full disk), the next insert or removal tries again
+                if failed:
+                    self._back_off()
+                else:
+                    self._backoff = 0
                     self.compact()  # small chunks that arrived meanwhile
             # The old batches go now, a few at a time, letting other threads have the GIL in
             # between: freeing 3,500 of them (8-row chunks) takes ~50 ms, and in one call
@@ -244,35 +253,42 @@ class Mover:
                     work.batches.popitem()
                 time.sleep(0)
 
-    def _commit_compaction(self, work: "_Compaction", staged: Staged | None) -> None:
+    def _commit_compaction(self, work: "_Compaction", staged: Staged | None) -> bool:
         """Re-point the items still live to the new chunk and free the old ones (lock
-        held). Items that left while the rows were copied stay in the new chunk as dead
-        rows; the journal's ``Compacted`` record lists every row, so a replay places the
-        survivors by their position as here."""
+        held); False where the pass failed. Items that left while the rows were copied
+        stay in the new chunk as dead rows; the journal's ``Compacted`` record lists every
+        row, so a replay places the survivors by their position as here."""
         table = self.table
         if staged is None:
-            table.counters["compaction_failures"] += 1
-            return
+            return False
         ix = table.parts.index
         slots = ix.lookup(work.ids)  # ids are never reused: a live id is still in its chunk and row
         live = slots >= 0
         if table.closed or not live.any():
             self.placement.delete([staged.chunk_id])
-            return
+            return True
         try:
             table.journal(Compacted(ids=work.ids, chunk=staged.chunk_id))
         except ExpstoreError as e:
-            log.warning("table %r: a compaction pass could not journal its chunk; the next insert or "
-                        "removal tries again: %s", table.name, e)
+            log.warning("table %r: a compaction pass could not journal its chunk: %s", table.name, e)
             self.placement.delete([staged.chunk_id])
-            table.counters["compaction_failures"] += 1
-            return
+            return False
         slots = slots[live]
         ix["chunk"][slots] = self.chunks.replace([c for c in work.chosen if c in self.chunks], staged,
                                                  live=len(slots))
         ix["row"][slots] = np.flatnonzero(live)
         table.counters["compactions"] += 1
         table.counters["compacted_rows"] += len(slots)
+        return True
+
+    def _back_off(self) -> None:
+        """After a failed pass, skip the next starts: 1, then twice as many after each
+        failure in a row, up to ``MAX_BACKOFF``. A pass copies up to ~32 MiB of rows before
+        it writes; retried at every insert, a disk that stays full or a bug that fails
+        every pass would cost each insert that copy (and a log line)."""
+        self.table.counters["compaction_failures"] += 1
+        self._backoff = min(self.MAX_BACKOFF, 2 * self._backoff or 1)
+        self._skips = self._backoff
 
     def scan_archive(self, columns: Sequence[str] | None = None) -> pa.RecordBatchReader | None:
         """The archived (removed) items, with ``_item_id`` and ``_removed``, one verified

@@ -547,41 +547,66 @@ def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_a
     assert (s["compactions"], s["compaction_failures"], s["chunks"]) == (0, 1, 3)
     [failure] = [r for r in caplog.records if "compaction" in r.getMessage()]
     assert failure.levelname == "WARNING" and "table 't'" in failure.getMessage()
-    insert_small(t, "d")  # the next insert starts a pass again
+    insert_small(t, "d")  # the next start is skipped (back-off), the one after runs
+    assert t.stats()["chunks"] == 4
+    insert_small(t, "e")
     t.wait_for_background()
     s = t.stats()
-    assert (s["compactions"], s["chunks"]) == (2, 1)  # a, b and c merged, then that chunk and d
-    expected = [f"{p}-{k}" for p in "abcd" for k in range(8)]
-    assert traj_ids_of(t, range(1, 33)) == expected
-    assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 33), expected)
+    assert (s["compactions"], s["compaction_failures"], s["chunks"]) == (2, 1, 1)  # a, b, c; then it, d, e
+    expected = [f"{p}-{k}" for p in "abcde" for k in range(8)]
+    assert traj_ids_of(t, range(1, 41)) == expected
+    assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 41), expected)
 
 
 def test_an_unexpected_error_in_a_compaction_pass_is_logged_and_loses_nothing(tmp_path, monkeypatch, caplog):
     """A pass runs on a background thread whose result nobody reads: an error there that
     is not the store's own (a bug) is logged with its traceback and counted, and the
-    table goes on with its chunks as they were."""
+    table goes on with its chunks as they were. Passes that keep failing are started
+    ever more rarely: after the first failure the next start is skipped, after the
+    second the next two."""
     store, t, _, _, go = merging_table(tmp_path, monkeypatch, 2.5)
     go.set()  # no pass is held
+    monkeypatch.setattr(ChunkStore, "SMALL_CHUNK_BYTES", ChunkStore.MERGE_BYTES)  # a merged chunk is not small
     real = movement.take_rows
 
     def broken(*args):
         raise RuntimeError("a bug in the copy")
     monkeypatch.setattr(movement, "take_rows", broken)
-    insert_small(t, "b")
-    insert_small(t, "c")  # starts the pass, which fails
-    t.wait_for_background()
-    s = t.stats()
-    assert (s["compactions"], s["compaction_failures"], s["chunks"]) == (0, 1, 3)
-    [failure] = [r for r in caplog.records if "compaction" in r.getMessage()]
-    assert failure.levelname == "ERROR" and "table 't'" in failure.getMessage()
-    assert "a bug in the copy" in str(failure.exc_info[1])
+    failures = []
+    for prefix in "bcdefgh":  # c starts a pass, which fails; d is skipped; e fails; f and g skipped
+        insert_small(t, prefix)
+        t.wait_for_background()
+        failures.append(t.stats()["compaction_failures"])
+    assert failures == [0, 1, 1, 2, 2, 2, 3]
+    records = [r for r in caplog.records if "compaction" in r.getMessage()]
+    assert len(records) == 3 and all(r.levelname == "ERROR" and "table 't'" in r.getMessage() for r in records)
+    assert "a bug in the copy" in str(records[0].exc_info[1])
+    assert (t.stats()["compactions"], t.stats()["chunks"]) == (0, 8)
     monkeypatch.setattr(movement, "take_rows", real)
-    insert_small(t, "d")
+    for prefix in "ijkl":  # skipped, after a third failure
+        insert_small(t, prefix)
+    assert (t.stats()["compactions"], t.stats()["chunks"]) == (0, 12)
+    insert_small(t, "m")
     t.wait_for_background()
-    assert t.stats()["chunks"] == 1
-    expected = [f"{p}-{k}" for p in "abcd" for k in range(8)]
-    assert traj_ids_of(t, range(1, 33)) == expected
-    assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 33), expected)
+    assert t.stats()["compactions"] > 0 and t.stats()["chunks"] < 13  # passes run again
+    monkeypatch.setattr(movement, "take_rows", broken)  # after a success the back-off starts afresh
+    prefixes = list("abcdefghijklm")
+    while t.stats()["compaction_failures"] == 3:  # small chunks accumulate until a pass starts
+        assert len(prefixes) < 40
+        prefixes.append(f"n{len(prefixes)}")
+        insert_small(t, prefixes[-1])
+        t.wait_for_background()
+    failures = []
+    for prefix in ("o", "p"):  # o skipped, p fails
+        prefixes.append(prefix)
+        insert_small(t, prefix)
+        t.wait_for_background()
+        failures.append(t.stats()["compaction_failures"])
+    assert failures == [4, 5]
+    expected = [f"{p}-{k}" for p in prefixes for k in range(8)]
+    ids = range(1, len(expected) + 1)
+    assert traj_ids_of(t, ids) == expected
+    assert_restarts_the_same(store, tmp_path / "d", state(t), ids, expected)
 
 
 def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, monkeypatch):
