@@ -567,42 +567,33 @@ def test_an_unexpected_error_in_a_compaction_pass_is_logged_and_loses_nothing(tm
     store, t, _, _, go = merging_table(tmp_path, monkeypatch, 2.5)
     go.set()  # no pass is held
     monkeypatch.setattr(ChunkStore, "SMALL_CHUNK_BYTES", ChunkStore.MERGE_BYTES)  # a merged chunk is not small
-    real = movement.take_rows
+    real, prefixes = movement.take_rows, ["a"]
 
     def broken(*args):
         raise RuntimeError("a bug in the copy")
-    monkeypatch.setattr(movement, "take_rows", broken)
-    failures = []
-    for prefix in "bcdefgh":  # c starts a pass, which fails; d is skipped; e fails; f and g skipped
+
+    def insert(prefix: str) -> int:
+        """Insert 8 rows, wait for the pass they start, if any; the failures so far."""
+        prefixes.append(prefix)
         insert_small(t, prefix)
         t.wait_for_background()
-        failures.append(t.stats()["compaction_failures"])
-    assert failures == [0, 1, 1, 2, 2, 2, 3]
+        return t.stats()["compaction_failures"]
+
+    monkeypatch.setattr(movement, "take_rows", broken)
+    # c starts a pass, which fails; d is skipped; e fails; f and g are skipped; h fails
+    assert [insert(p) for p in "bcdefgh"] == [0, 1, 1, 2, 2, 2, 3]
     records = [r for r in caplog.records if "compaction" in r.getMessage()]
     assert len(records) == 3 and all(r.levelname == "ERROR" and "table 't'" in r.getMessage() for r in records)
     assert "a bug in the copy" in str(records[0].exc_info[1])
     assert (t.stats()["compactions"], t.stats()["chunks"]) == (0, 8)
     monkeypatch.setattr(movement, "take_rows", real)
-    for prefix in "ijkl":  # skipped, after a third failure
-        insert_small(t, prefix)
-    assert (t.stats()["compactions"], t.stats()["chunks"]) == (0, 12)
-    insert_small(t, "m")
-    t.wait_for_background()
+    assert [insert(p) for p in "ijkl"] == [3] * 4 and t.stats()["chunks"] == 12  # skipped, after a third failure
+    insert("m")
     assert t.stats()["compactions"] > 0 and t.stats()["chunks"] < 13  # passes run again
     monkeypatch.setattr(movement, "take_rows", broken)  # after a success the back-off starts afresh
-    prefixes = list("abcdefghijklm")
-    while t.stats()["compaction_failures"] == 3:  # small chunks accumulate until a pass starts
+    while insert(f"n{len(prefixes)}") == 3:  # small chunks accumulate until a pass starts (and fails)
         assert len(prefixes) < 40
-        prefixes.append(f"n{len(prefixes)}")
-        insert_small(t, prefixes[-1])
-        t.wait_for_background()
-    failures = []
-    for prefix in ("o", "p"):  # o skipped, p fails
-        prefixes.append(prefix)
-        insert_small(t, prefix)
-        t.wait_for_background()
-        failures.append(t.stats()["compaction_failures"])
-    assert failures == [4, 5]
+    assert [insert(p) for p in "op"] == [4, 5]  # o is skipped, p fails
     expected = [f"{p}-{k}" for p in prefixes for k in range(8)]
     ids = range(1, len(expected) + 1)
     assert traj_ids_of(t, ids) == expected
