@@ -465,6 +465,11 @@ def insert_small(t, prefix: str, n: int = 8):
     return t.insert(trajectories(n, tokens=16, groups=0, seed=0, id_prefix=prefix)).item_ids
 
 
+def small_traj_ids(prefixes) -> list[str]:
+    """The traj_ids of 8-row ``insert_small`` calls with ``prefixes``, in order."""
+    return [f"{p}-{k}" for p in prefixes for k in range(8)]
+
+
 def in_thread(fn, *args) -> Future:
     return ThreadPoolExecutor(1).submit(fn, *args)
 
@@ -553,7 +558,7 @@ def test_a_compaction_that_cannot_write_its_chunk_changes_nothing_and_is_tried_a
     t.wait_for_background()
     s = t.stats()
     assert (s["compactions"], s["compaction_failures"], s["chunks"]) == (2, 1, 1)  # a, b, c; then it, d, e
-    expected = [f"{p}-{k}" for p in "abcde" for k in range(8)]
+    expected = small_traj_ids("abcde")
     assert traj_ids_of(t, range(1, 41)) == expected
     assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 41), expected)
 
@@ -594,7 +599,7 @@ def test_an_unexpected_error_in_a_compaction_pass_is_logged_and_loses_nothing(tm
     while insert(f"n{len(prefixes)}") == 3:  # small chunks accumulate until a pass starts (and fails)
         assert len(prefixes) < 40
     assert [insert(p) for p in "op"] == [4, 5]  # o is skipped, p fails
-    expected = [f"{p}-{k}" for p in prefixes for k in range(8)]
+    expected = small_traj_ids(prefixes)
     ids = range(1, len(expected) + 1)
     assert traj_ids_of(t, ids) == expected
     assert_restarts_the_same(store, tmp_path / "d", state(t), ids, expected)
@@ -613,7 +618,7 @@ def test_a_table_closed_while_a_compaction_copies_rows_keeps_them_all(tmp_path, 
     second.result(30)
     store = Catalog(tmp_path / "d")
     t = store.table("t")
-    assert traj_ids_of(t, range(1, 17)) == [f"{p}-{k}" for p in "ab" for k in range(8)]
+    assert traj_ids_of(t, range(1, 17)) == small_traj_ids("ab")
     assert_no_orphans(t)
     store.close()
 
@@ -652,7 +657,7 @@ def test_a_crash_during_a_compaction_pass_loses_no_row_and_leaves_no_orphan(tmp_
     t = store.table("t")
     assert store.restored["t"]["lost"] == 0
     assert t.stats()["chunks"] == chunks
-    expected = [f"{p}-{k}" for p in "abc" for k in range(8)]
+    expected = small_traj_ids("abc")
     assert traj_ids_of(t, range(1, 25)) == expected
     assert_no_orphans(t)
     assert_restarts_the_same(store, tmp_path / "d", state(t), range(1, 25), expected)
