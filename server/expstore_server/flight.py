@@ -54,6 +54,7 @@ from .clip import MESSAGE_CHARS, clip
 from . import convert
 from .convert import RESPONSE_FRAMING, ids_of
 from .errors import status_of
+from .servicer import Call, acks, stream_reads  # the gRPC service's record of a call, its Stream reads
 
 log = logging.getLogger("expstore.server")
 
@@ -126,7 +127,8 @@ class FlightService(fl.FlightServerBase):
             return self._query(context, request)
         method, role = {"sample": ("Sample", "trainer"), "stream": ("Stream", "trainer"),
                         "get": ("Get", "reader")}[kind]
-        rows = self._guard(context, method, role, request.table, False,
+        audited = kind == "stream" and acks(request)  # as Ack is
+        rows = self._guard(context, method, role, request.table, audited,
                            lambda call: getattr(self, "_" + kind)(request, call, context))
         return _rows_stream(rows, request.compress, self._servicer.config.message_bytes)
 
@@ -176,11 +178,8 @@ class FlightService(fl.FlightServerBase):
 
     def _stream(self, request: pb.StreamRequest, call, context) -> Rows:
         table = self._servicer.store.table(request.table)
-        visibility = request.visibility_timeout_s or self._servicer.config.visibility_timeout_s
-        start = request.start or "earliest"
-        return self._admit(table, "stream",
-                           lambda turn: table.try_stream(request.group, request.batch_size, visibility, start),
-                           request.timeout_s, context)
+        read = stream_reads(table, request, self._servicer.config.visibility_timeout_s, call)
+        return self._admit(table, "stream", lambda turn: read(), request.timeout_s, context)
 
     def _get(self, request: pb.GetRequest, call, context) -> Rows:
         return self._servicer.store.table(request.table).get(ids_of(request.item_ids))
@@ -251,8 +250,6 @@ class FlightService(fl.FlightServerBase):
     def _guard(self, context, method: str, role: str, table: str | None, audit: bool, body: Callable) -> Any:
         """As the gRPC service's ``rpc`` decorator: authenticate, run, map errors, audit,
         record metrics."""
-        from .servicer import Call  # the same record of a call as the gRPC service's
-
         servicer = self._servicer
         call = Call(method, table=table or None)
         status, message, detail = grpc.StatusCode.OK, "", None

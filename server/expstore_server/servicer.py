@@ -34,7 +34,7 @@ from expstore_proto import arrow_ipc
 from expstore_proto.service import Malformed
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.catalog import Catalog
-from expstore.table import InsertResult, PreparedInsert, Table
+from expstore.table import InsertResult, PreparedInsert, Rows, Table
 from expstore.turns import Turn
 
 from . import convert, frames
@@ -65,12 +65,14 @@ class Call:
     started: float = field(default_factory=time.perf_counter)
     bytes_in: int = 0
     bytes_out: int = 0
+    audited: bool = False
 
 
-def rpc(role: str, *, audit: bool = False):
+def rpc(role: str, *, audit: bool | Callable[[Any], bool] = False):
     """Wrap a handler: authenticate, run, map engine errors to statuses, audit, and
     record the call's metrics as it ends, before its status goes out (a client that
-    went away mid-stream counts as CANCELLED).
+    went away mid-stream counts as CANCELLED). ``audit``: whether calls are audited, or
+    which (a function of the request: a Stream that acks).
 
     Works for unary-response handlers (coroutines) and server-streaming ones (async
     generators, whose messages go out as they are made: a large Query result never sits
@@ -99,7 +101,7 @@ def rpc(role: str, *, audit: bool = False):
                 status, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
             finally:  # queued before the status goes out
                 call.status = status
-                if audit and first and self.audit is not None:
+                if call.audited and first and self.audit is not None:
                     self.audit.record(who=call.who, method=method, table=call.table,
                                       outcome=status.name, detail=call.detail)
                 if status != grpc.StatusCode.OK:  # the call ends here
@@ -109,7 +111,8 @@ def rpc(role: str, *, audit: bool = False):
         if inspect.isasyncgenfunction(handler):
             @functools.wraps(handler)
             async def streaming(self, request, context):
-                call = Call(method, table=_table_of(request), bytes_in=wire_size(request))
+                call = Call(method, table=_table_of(request), bytes_in=wire_size(request),
+                            audited=_audited(audit, request))
                 messages = None
 
                 async def start():
@@ -133,7 +136,8 @@ def rpc(role: str, *, audit: bool = False):
 
         @functools.wraps(handler)
         async def unary(self, request, context):
-            call = Call(method, table=_table_of(request), bytes_in=wire_size(request))
+            call = Call(method, table=_table_of(request), bytes_in=wire_size(request),
+                        audited=_audited(audit, request))
 
             async def body():
                 _check_parsed(request, method)
@@ -158,6 +162,38 @@ async def _next(messages):
         return await messages.__anext__()
     except StopAsyncIteration:
         return _END
+
+
+def _audited(audit: bool | Callable[[Any], bool], request) -> bool:
+    """Whether a call is audited: ``rpc``'s ``audit``, of the request where it is a
+    function (a request that did not parse did nothing such a function looks for)."""
+    if callable(audit):
+        return not isinstance(request, Malformed) and audit(request)
+    return audit
+
+
+def acks(request: pb.StreamRequest) -> bool:
+    """Whether a Stream request acks (it is then audited, as Ack is)."""
+    return len(request.ack_item_ids) > 0
+
+
+def stream_reads(table: Table, request: pb.StreamRequest, default_visibility_s: float,
+                 call: Call) -> Callable[[], Rows | Wait]:
+    """The attempts of a Stream request (each on an engine thread; gRPC's and Flight's).
+    The first acks the request's ``ack_item_ids`` as Ack would (a consumer acks its
+    previous batch with the call that fetches the next: one round trip a batch, not two;
+    an id never delivered to the group is NOT_FOUND and nothing is read). Each then tries
+    to read the group's next rows."""
+    visibility = request.visibility_timeout_s or default_visibility_s
+    start = request.start or "earliest"
+    unacked = [convert.ids_of(request.ack_item_ids)] if acks(request) else []
+
+    def read() -> Rows | Wait:
+        if unacked:
+            acked, _ = table.ack(request.group, unacked.pop())
+            call.detail = f"group={request.group} acked={acked}"
+        return table.try_stream(request.group, request.batch_size, visibility, start)
+    return read
 
 
 def _table_of(request) -> str | None:
@@ -319,13 +355,13 @@ class Servicer:
         for msg in messages:
             yield msg
 
-    @rpc("trainer")
+    @rpc("trainer", audit=acks)
     async def Stream(self, request, context, call):
         table = self.store.table(request.table)
-        visibility = request.visibility_timeout_s or self.config.visibility_timeout_s
-        start = request.start or "earliest"
+        read = stream_reads(table, request, self.config.visibility_timeout_s, call)
+
         def attempt():
-            rows = table.try_stream(request.group, request.batch_size, visibility, start)
+            rows = read()
             return rows if isinstance(rows, Wait) else self._messages(rows, request.compress)
 
         for msg in await self._admit(table, "stream", attempt, request.timeout_s, context):

@@ -87,6 +87,25 @@ def test_ack_twice_counts_already_acked(shared_server, client, table):
     channel.close()
 
 
+def test_a_stream_call_that_acks_an_id_never_delivered_is_not_found_and_reads_nothing(shared_server, client, table):
+    ids = client.insert(table, trajectories(4)).item_ids.tolist()
+    channel, stub = raw_stub(shared_server.address)
+    try:
+        def stream(ack):
+            request = pb.StreamRequest(table=table, group="g", batch_size=2, timeout_s=1, ack_item_ids=ack)
+            return [i for m in stub.Stream(request, timeout=5) for i in m.item_ids]
+        assert stream([]) == ids[:2]
+        with pytest.raises(grpc.RpcError) as e:
+            stream([ids[0], 10**12])
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "never delivered item 1000000000000" in e.value.details()
+        stats = client.stats(table)[table]
+        assert stats["group.g.delivered"] == 2 and stats["group.g.acked"] == 0  # nothing acked, nothing read
+        assert stream(ids[:2]) == ids[2:]
+        assert client.stats(table)[table]["group.g.acked"] == 2
+    finally:
+        channel.close()
+
+
 def test_stream_idle_timeout_ends_the_iterator(client, table):
     client.insert(table, trajectories(3))
     t0 = time.monotonic()

@@ -267,7 +267,7 @@ class VersionRange(_message.Message):
     def __init__(self, min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
-    __slots__ = ("table", "group", "batch_size", "timeout_s", "visibility_timeout_s", "compress", "start")
+    __slots__ = ("table", "group", "batch_size", "timeout_s", "visibility_timeout_s", "compress", "start", "ack_item_ids")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +275,7 @@ class StreamRequest(_message.Message):
     VISIBILITY_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     COMPRESS_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    ACK_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     table: str
     group: str
     batch_size: int
@@ -282,7 +283,8 @@ class StreamRequest(_message.Message):
     visibility_timeout_s: float
     compress: bool
     start: str
-    def __init__(self, table: _Optional[str] = ..., group: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., visibility_timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ..., start: _Optional[str] = ...) -> None: ...
+    ack_item_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, table: _Optional[str] = ..., group: _Optional[str] = ..., batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., visibility_timeout_s: _Optional[float] = ..., compress: _Optional[bool] = ..., start: _Optional[str] = ..., ack_item_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RowsResponse(_message.Message):
     __slots__ = ("arrow_ipc", "item_ids", "priorities", "probabilities", "weights", "times_sampled", "policy_versions")
