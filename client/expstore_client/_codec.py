@@ -184,11 +184,12 @@ class StreamPoller:
                              visibility_timeout_s=visibility_timeout or 0, start=start, compress=compress)
         self.idle_since = time.monotonic()
 
-    def request(self) -> tuple[pb.StreamRequest, float]:
+    def request(self, ack: Sequence[int] | np.ndarray = ()) -> tuple[pb.StreamRequest, float]:
+        """The next poll's request, acking ``ack`` first, and how long it may wait."""
         poll = self.poll_timeout
         if self.idle_timeout is not None:
             poll = max(0.0, min(poll, self.idle_timeout - (time.monotonic() - self.idle_since)))
-        return pb.StreamRequest(timeout_s=poll, **self._request), poll
+        return pb.StreamRequest(timeout_s=poll, ack_item_ids=list(map(int, ack)), **self._request), poll
 
     def got_rows(self) -> None:
         self.idle_since = time.monotonic()

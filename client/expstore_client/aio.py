@@ -247,14 +247,20 @@ class AsyncClient:
 
     def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
                idle_timeout: float | None = None, visibility_timeout: float | None = None,
-               start: str = "earliest", compress: bool = False) -> AsyncIterator[SampleBatch]:
+               start: str = "earliest", compress: bool = False, auto_ack: bool = False
+               ) -> AsyncIterator[SampleBatch]:
         """Iterate a consumer group's batches in insertion order (at most ``batch_size``
         each). Ack each batch (``await batch.ack()``) once processed, or it is redelivered
         after the visibility timeout. Ends after ``idle_timeout`` seconds without rows
-        (None: never)."""
+        (None: never).
+
+        ``auto_ack``: asking for the next batch acks the last (Kafka's auto-commit): the
+        ack rides on the call that fetches the next batch, one round trip a batch instead
+        of two; the last batch is acked when the iteration ends or is closed. A consumer
+        that dies holding a batch has it redelivered, as without."""
         poller = _codec.StreamPoller(table, group, batch_size, poll_timeout, idle_timeout,
                                      visibility_timeout, start, compress)
-        return _stream(self, table, group, poller)
+        return _stream(self, table, group, poller, auto_ack)
 
     async def poll_stream(self, request: pb.StreamRequest, wait: float) -> SampleBatch | None:
         """One Stream call waiting up to ``wait`` seconds: its batch, or None if the
@@ -459,17 +465,26 @@ async def _sampler(sample: Callable[[], Awaitable[SampleBatch]], prefetch: int) 
             task.cancel()
 
 
-async def _stream(client: AsyncClient, table: str, group: str, poller: _codec.StreamPoller
-                  ) -> AsyncIterator[SampleBatch]:
-    while True:
-        request, poll = poller.request()
-        batch = await client.poll_stream(request, poll)
-        if batch is None:
-            if poller.idle():
-                return
-            continue
-        poller.got_rows()
-        yield batch.acked_by(lambda ids=batch.ids: client.ack(table, group, ids))
+async def _stream(client: AsyncClient, table: str, group: str, poller: _codec.StreamPoller,
+                  auto_ack: bool) -> AsyncIterator[SampleBatch]:
+    unacked = np.zeros(0, np.uint64)  # auto_ack: the batch handed out last, acked by the next call
+    try:
+        while True:
+            request, poll = poller.request(unacked)
+            batch = await client.poll_stream(request, poll)
+            unacked = unacked[:0]  # acked: a Stream call acks before its first attempt to read
+            if batch is None:
+                if poller.idle():
+                    return
+                continue
+            poller.got_rows()
+            if auto_ack:
+                unacked = batch.ids
+            yield batch.acked_by(lambda ids=batch.ids: client.ack(table, group, ids))
+    except GeneratorExit:  # closed: the last batch is done with
+        if len(unacked):
+            await client.ack(table, group, unacked)
+        raise
 
 
 class _InOrder:

@@ -258,25 +258,41 @@ class ShardedClient:
 
     def stream(self, table: str, group: str, batch_size: int, *, poll_timeout: float = 5.0,
                idle_timeout: float | None = None, visibility_timeout: float | None = None,
-               start: str = "earliest", compress: bool = False) -> Iterator[SampleBatch]:
+               start: str = "earliest", compress: bool = False, auto_ack: bool = False) -> Iterator[SampleBatch]:
         """Iterate a consumer group over every shard (each shard keeps the group's offsets
         for its items): each batch gathers at most ``batch_size`` rows, split across the
-        shards that are up by their sizes. ``batch.ack()`` acks each row on its shard."""
+        shards that are up by their sizes. ``batch.ack()`` acks each row on its shard.
+        ``auto_ack`` as AsyncClient.stream's: each shard's rows of the last batch are
+        acked by the next call to that shard (an Ack, where a round asks it for no rows)."""
         poller = _codec.StreamPoller(table, group, batch_size, poll_timeout, idle_timeout,
                                      visibility_timeout, start, compress)
-        while True:
-            request, poll = poller.request()
-            batch = self._stream_round(table, request, wait=0.0, by_size=True)
-            if batch is None and poll > 0:  # nothing anywhere: wait on every shard, briefly
-                batch = self._stream_round(table, request, wait=min(poll, STREAM_WAIT_SLICE_S), by_size=False)
-            if batch is None:
-                if poller.idle():
-                    return
-                continue
-            poller.got_rows()
-            yield batch.acked_by(lambda ids=batch.ids: self.ack(table, group, ids))
+        unacked: dict[int, np.ndarray] = {}  # auto_ack: shard -> its ids handed out and not yet acked
+        try:
+            while True:
+                request, poll = poller.request()
+                batch = self._stream_round(table, group, request, unacked, wait=0.0, by_size=True)
+                if batch is None and poll > 0:  # nothing anywhere: wait on every shard, briefly
+                    batch = self._stream_round(table, group, request, unacked, wait=min(poll, STREAM_WAIT_SLICE_S),
+                                                by_size=False)
+                if batch is None:
+                    if poller.idle():
+                        return
+                    continue
+                poller.got_rows()
+                if auto_ack:
+                    for k, (_, ids) in _shard_ids.by_shard(batch.ids, len(self.shards)).items():
+                        unacked[k] = np.concatenate([unacked[k], ids]) if k in unacked else ids
+                yield batch.acked_by(lambda ids=batch.ids: self.ack(table, group, ids))
+        except GeneratorExit:  # closed: the last batch is done with
+            if unacked:
+                self._all(f"table {table!r}: ack", lambda c, k: c.ack(table, group, unacked[k]), list(unacked))
+            raise
 
-    def _stream_round(self, table: str, request: pb.StreamRequest, wait: float, by_size: bool) -> SampleBatch | None:
+    def _stream_round(self, table: str, group: str, request: pb.StreamRequest, unacked: dict[int, np.ndarray], *,
+                      wait: float, by_size: bool) -> SampleBatch | None:
+        """One Stream call to each shard given a share of ``request.batch_size``, each acking
+        its ``unacked`` ids first (an Ack to a shard with ids and no share); the ids of the
+        shards that answered are dropped from ``unacked`` (a down shard's are sent again)."""
         stats, failures = self._table_stats(table)
         up = np.array([s is not None for s in stats])
         if not up.any():
@@ -287,14 +303,20 @@ class ShardedClient:
             shares = self._rng.multinomial(request.batch_size, p / p.sum())
 
         def poll(k: int) -> SampleBatch | None:
+            if not shares[k]:
+                self._clients[k].ack(table, group, unacked[k])
+                return None
             req = pb.StreamRequest()
             req.CopyFrom(request)
             req.batch_size, req.timeout_s = int(shares[k]), wait
+            req.ack_item_ids[:] = unacked.get(k, np.zeros(0, np.uint64)).tolist()
             return self._clients[k].poll_stream(req, wait)
 
-        done, failed = self._each(poll, [int(k) for k in np.flatnonzero(shares)])
+        done, failed = self._each(poll, sorted(set(np.flatnonzero(shares).tolist()) | set(unacked)))
         self._raise_unless_down(f"table {table!r}: stream", failed)
         self._mark_down(table, failed)
+        for k in done:
+            unacked.pop(k, None)
         parts = [(k, b) for k, b in sorted(done.items()) if b is not None and len(b)]
         return _shard_ids.concat(parts, self.shards, with_weights=False) if parts else None
 

@@ -284,6 +284,31 @@ def test_stream_ack_cut_resume_manifest(connect, request):
     run(main())
 
 
+def test_an_auto_acked_stream_acks_each_batch_with_the_next_call_and_the_last_at_close(connect, request):
+    table = name_of(request)
+
+    async def main():
+        async with connect() as api:
+            await api.create_table(table, sampler="fifo")
+            try:
+                ids = (await api.insert(table, trajectories(10, id_prefix="a"))).item_ids
+                first = await api.iterate("stream", table, "g", 4, poll_timeout=0.5, limit=2, auto_ack=True)
+                # Two batches read (ShardedClient's may hold fewer rows: shares of 4 drawn
+                # by the shards' sizes), then closed: the second was acked at close, the
+                # first only by the call that fetched the second.
+                acked = (await api.stats(table))[table]["group.g.acked"]
+                assert len(first) == 2 and acked == len(first[0]) + len(first[1])
+                rest = await api.iterate("stream", table, "g", 4, poll_timeout=0.2, idle_timeout=0.5, auto_ack=True)
+                seen = [i for b in first + rest for i in b.ids.tolist()]
+                assert sorted(seen) == sorted(ids.tolist())
+                stats = (await api.stats(table))[table]
+                assert stats["group.g.acked"] == 10 and stats["group.g.inflight"] == 0  # the last: at the idle end
+            finally:
+                await api.drop_table(table)
+
+    run(main())
+
+
 def test_query(connect, request):
     table = name_of(request)
 

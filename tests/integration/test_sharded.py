@@ -166,6 +166,19 @@ def test_samplers_with_a_global_order_are_refused_but_stream(client, table):
     assert list(client.stream(table, "g", 8, idle_timeout=0.3)) == []  # acked on the shard that delivered
 
 
+def test_an_auto_acked_stream_acks_each_shards_rows_even_when_the_next_round_reads_elsewhere(client, table):
+    """Batches of one row: each round asks one shard for it, so the shard that delivered
+    the last row is sent an Ack instead of a Stream call. Every row read is acked once."""
+    client.create_table(table, sampler="fifo")
+    client.insert(table, uneven_rows(client, (10, 10, 10), "u"))
+    stream = client.stream(table, "g", 1, poll_timeout=1, visibility_timeout=0.3, auto_ack=True)
+    seen = [next(stream).ids[0] for _ in range(12)]
+    assert client.stats(table)[table]["group.g.acked"] == 11  # the last one is acked at close
+    stream.close()
+    stats = client.stats(table)[table]
+    assert len(set(seen)) == 12 and stats["group.g.acked"] == 12 and stats["group.g.inflight"] == 0
+
+
 def test_training_cuts_resume_every_shard(client, table):
     client.create_table(table)
     client.insert(table, trajectories(30, tokens=16, id_prefix="c"))

@@ -11,7 +11,7 @@ import pytest
 
 from expstore_client import AsyncClient, Client
 
-from ._util import num_items, pb, raw_stub, rpc_error, trajectories, wait_until
+from ._util import audit_lines, num_items, pb, raw_stub, rpc_error, trajectories, wait_until
 
 
 @pytest.fixture
@@ -85,6 +85,28 @@ def test_ack_twice_counts_already_acked(shared_server, client, table):
     resp = stub.Ack(pb.AckRequest(table=table, group="g", item_ids=ids), timeout=5)
     assert resp.num_acked == 0 and resp.num_already_acked == 3
     channel.close()
+
+
+@pytest.mark.parametrize("flight", [False, True])
+def test_an_auto_acked_stream_acks_each_batch_with_the_call_that_fetches_the_next(shared_server, table, flight):
+    """Each batch's ack rides on the next Stream call (audited there, as Ack is); closing
+    the iterator acks the last batch with an Ack. Nothing is redelivered."""
+    with Client(shared_server.address, flight=flight) as client:
+        ids = client.insert(table, trajectories(12)).item_ids.tolist()
+        stream = client.stream(table, "g", 4, poll_timeout=1, visibility_timeout=0.3, auto_ack=True)
+        seen = [next(stream).ids.tolist() for _ in range(3)]
+        stats = client.stats(table)[table]
+        assert stats["group.g.acked"] == 8 and stats["group.g.inflight"] == 4  # the first two, by the 2nd and 3rd calls
+        stream.close()
+        assert sum(seen, []) == ids and client.stats(table)[table]["group.g.acked"] == 12
+        time.sleep(0.4)  # past the visibility timeout: an unacked row would come back now
+        assert list(client.stream(table, "g", 4, poll_timeout=0.2, idle_timeout=0.3)) == []
+
+    def lines():
+        return [(line["method"], line["detail"]) for line in audit_lines(shared_server.data_dir)
+                if line["table"] == table and line["method"] in ("Stream", "Ack")]
+    assert wait_until(lambda: len(lines()) == 3)
+    assert lines() == [("Stream", "group=g acked=4"), ("Stream", "group=g acked=4"), ("Ack", "group=g acked=4")]
 
 
 def test_a_stream_call_that_acks_an_id_never_delivered_is_not_found_and_reads_nothing(shared_server, client, table):
