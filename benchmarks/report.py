@@ -12,6 +12,7 @@ TARGETS = {
     "ratio_small": 0.50,     # 300 B rows, either path
     "items_per_s": 10_000,   # 36 KiB items, insert and sample
     "sample_p99_ms": 40.0,   # sample(256) of 36 KiB items
+    "stream_vs_sample": 0.90,  # stream delivery at the rate of sample on the same path (within the spread)
     "engine_10m_us": 1000.0,  # prioritized sample of 256 from 10M, in the engine (p50)
     "rss_ratio": 1.10,       # RSS growth / payload bytes
     "producers_errors": 0,
@@ -37,10 +38,15 @@ def _f(x: float, digits: int = 0) -> str:
 WIRE_OPS = (("insert", "raw_upload", "upload"), ("insert x2", "raw_upload", "upload"),
             ("insert flight", "raw_upload", "upload"), ("sample", "raw_download", "download"),
             ("sample x2", "raw_download", "download"), ("sample flight", "raw_download", "download"),
-            ("stream", "raw_download", "download"), ("stream flight", "raw_download", "download"))
+            ("stream", "raw_download", "download"), ("stream flight", "raw_download", "download"),
+            ("stream auto-ack", "raw_download", "download"), ("stream auto-ack flight", "raw_download", "download"))
 # The Flight rows again, against the raw Arrow Flight ceiling of the same run.
 FLIGHT_OPS = (("insert flight", "raw_flight_put", "raw_upload"), ("sample flight", "raw_flight_get", "raw_download"),
-              ("stream flight", "raw_flight_get", "raw_download"))
+              ("stream flight", "raw_flight_get", "raw_download"),
+              ("stream auto-ack flight", "raw_flight_get", "raw_download"))
+# Stream delivery against sample on the same path (target: the same rate).
+STREAM_OPS = (("stream", "sample"), ("stream auto-ack", "sample"), ("stream flight", "sample flight"),
+              ("stream auto-ack flight", "sample flight"))
 
 
 def _ratio_target(size: str, op: str) -> float:
@@ -50,7 +56,7 @@ def _ratio_target(size: str, op: str) -> float:
 
 
 def wire_section(wire: dict[str, dict], checks: list) -> str:
-    rows, latency_rows, flight_rows = [], [], []
+    rows, latency_rows, flight_rows, stream_rows = [], [], [], []
     for env, res in wire.items():
         for size, s in res["sizes"].items():
             for op, raw_key, raw_name in WIRE_OPS:
@@ -74,6 +80,14 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
                     flight_rows.append([env, size, op, raw_key, _f(r["items_per_s"]), _f(e["items_per_s"]),
                                         f"{e['batches_per_s'] / r['batches_per_s']:.2f}x",
                                         f"{r['batches_per_s'] / s[grpc_key]['batches_per_s']:.2f}x"])
+            for op, base in STREAM_OPS:
+                if op in s:
+                    ratio = s[op]["batches_per_s"] / s[base]["batches_per_s"]
+                    ok = ratio >= TARGETS["stream_vs_sample"]
+                    checks.append((f"{op} {size} at the rate of {base} (>= {TARGETS['stream_vs_sample']:.0%}) [{env}]",
+                                   ok, f"{ratio:.0%}"))
+                    stream_rows.append([env, size, op, base, _f(s[base]["items_per_s"]), _f(s[op]["items_per_s"]),
+                                        f"{ratio:.2f}x", f">={TARGETS['stream_vs_sample']:.0%} {_mark(ok)}"])
             if size == "36KiB":
                 for op, lat in s["sample_latency_ms"].items():
                     ok = lat["p99"] < TARGETS["sample_p99_ms"]
@@ -104,7 +118,11 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
            _table(["env", "items", "op", "ceiling", "raw Flight items/s", "expstore items/s", "ratio",
                    "raw Flight / raw grpcio"], flight_rows, align_left=4),
            "", "3b. Sample latency, batch 256 x ~36 KiB",
-           _table(["env", "items", "op", "calls", "p50 ms", "p99 ms", "target"], latency_rows, align_left=3)]
+           _table(["env", "items", "op", "calls", "p50 ms", "p99 ms", "target"], latency_rows, align_left=3),
+           "", "3c. Stream delivery (a fresh consumer group; 'auto-ack': each batch acked by the Stream call "
+           "that fetches the next, else an Ack call a batch) against sample on the same path, same run",
+           _table(["env", "items", "op", "against", "sample items/s", "stream items/s", "ratio", "target"],
+                  stream_rows, align_left=4)]
     envs = list(wire)
     if len(envs) == 2:
         a, b = envs
@@ -113,7 +131,7 @@ def wire_section(wire: dict[str, dict], checks: list) -> str:
             for op in ("raw_upload", "insert", "raw_download", "sample"):
                 x, y = wire[a]["sizes"][size][op]["MB_per_s"], wire[b]["sizes"][size][op]["MB_per_s"]
                 cmp_rows.append([size, op, _f(x), _f(y), f"{y / x:.2f}x"])
-        out += ["", f"3c. glibc malloc env vs default (MB/s; {b} / {a})",
+        out += ["", f"3d. glibc malloc env vs default (MB/s; {b} / {a})",
                 _table(["items", "op", f"{a}", f"{b}", "ratio"], cmp_rows, align_left=2)]
     return "\n".join(out)
 

@@ -13,7 +13,8 @@ expstore see the same machine state on this noisy VM:
 4. raw download (server streaming) of the batch's sample messages,
 5. ``Client.sample(256)`` over gRPC, then with two in flight (``Client.sampler``),
 6. the same over Arrow Flight (DoGet),
-7. ``Client.stream(256)`` + ``ack`` of a fresh consumer group, over gRPC and over Flight,
+7. ``Client.stream(256)`` + ``ack`` of a fresh consumer group, over gRPC and over Flight;
+   then with ``auto_ack`` (each batch acked by the Stream call that fetches the next),
 8. the raw Arrow Flight ceiling (``raw_flight``): DoPut and DoGet of the same 256-row
    table with a trivial Flight server.
 
@@ -127,18 +128,20 @@ def sample_rate_prefetch(client: Client, table: str, batch_bytes: int, seconds: 
 
 
 def stream_rate(client: Client, table: str, group: str, batch_bytes: int, seconds: float,
-                min_calls: int = 5) -> dict:
-    """Batches of a fresh consumer group (``stream`` + ``ack``), one at a time, while the
-    table has unread items."""
+                min_calls: int = 5, auto_ack: bool = False) -> dict:
+    """Batches of a fresh consumer group (``stream`` + ``ack``; with ``auto_ack``, each
+    batch acked by the call that fetches the next), one at a time, while the table has
+    unread items."""
     batches = int(client.stats(table)[table]["items"]) // BATCH - 1
-    it = client.stream(table, group, BATCH)
+    it = client.stream(table, group, BATCH, auto_ack=auto_ack)
     next(it).ack()  # warm-up
     times = []
     start = time.perf_counter()
     while len(times) < batches - 1 and (len(times) < min_calls or time.perf_counter() - start < seconds):
         t0 = time.perf_counter()
         batch = next(it)
-        batch.ack()
+        if not auto_ack:
+            batch.ack()
         times.append(time.perf_counter() - t0)
         assert len(batch.ids) == BATCH
     it.close()
@@ -188,9 +191,10 @@ def run(quick: bool) -> dict:
                 per.setdefault("sample x2", []).append(sample_rate_prefetch(clients["grpc"], table, sum(down),
                                                                             seconds))
                 for path, client in clients.items():
-                    op = "stream" if path == "grpc" else "stream flight"
-                    per.setdefault(op, []).append(stream_rate(client, table, f"{op}-{r}".replace(" ", "-"),
-                                                              sum(down), seconds))
+                    for auto_ack in (False, True):
+                        op = "stream" + (" auto-ack" if auto_ack else "") + ("" if path == "grpc" else " flight")
+                        per.setdefault(op, []).append(stream_rate(client, table, f"{op}-{r}".replace(" ", "-"),
+                                                                  sum(down), seconds, auto_ack=auto_ack))
             latency = {}
             for op in ("sample", "sample flight"):
                 times = np.array([t for r in per[op] for t in r.pop("latencies_s")])
