@@ -4,7 +4,8 @@ AsyncClient asks the server once (``GetServerInfo``) where its Flight service is
 then sends large inserts and every sample, stream read, get and query there: the rows
 move as record batches in Arrow's C++ (pyarrow.flight), never as Python objects. The
 calls are pyarrow's blocking ones, made on a thread pool of this module's; a client's
-Flight inserts go one at a time in the order they were made, as do its samples, so the
+Flight inserts go one at a time in the order they were made, as do its samples (each
+until the server has served it: its rows then come while the next is served), so the
 server admits them in that order when they must wait (as over gRPC).
 
 Errors come back as the same ``grpc.RpcError`` as over gRPC (``grpc.aio.AioRpcError``,
@@ -68,7 +69,7 @@ class FlightPath:
         self._client = fl.FlightClient(location, tls_root_certs=tls_root)
         self._headers = [(k.encode(), v.encode()) for k, v in (metadata or ())]
         self._message_bytes = message_bytes
-        self.inserts, self.samples = asyncio.Lock(), asyncio.Lock()  # FIFO: one at a time, in order
+        self.inserts, self._samples = asyncio.Lock(), asyncio.Lock()  # FIFO: one at a time, in order (module doc)
         self.broken = False
 
     def close(self) -> None:
@@ -95,8 +96,25 @@ class FlightPath:
             writer.close()
         return insert_result(pb.InsertResponse.FromString(response.to_pybytes()))
 
-    def rows(self, ticket: pb.FlightTicket, deadline: float, with_weights: bool) -> SampleBatch:
-        reader = self._client.do_get(fl.Ticket(ticket.SerializeToString()), self._options(deadline))
+    async def fetch_rows(self, ticket: pb.FlightTicket, deadline: float, with_weights: bool,
+                         in_order: bool = False) -> SampleBatch:
+        """Rows of a DoGet. ``in_order`` (a client's samples): the calls are served one at a
+        time in the order they were made, each holding the line only until the server has
+        served it (``start_rows``), so that the next is served while its rows are on the wire."""
+        if in_order:
+            async with self._samples:
+                reader = await self.run(self.start_rows, ticket, deadline)
+        else:
+            reader = await self.run(self.start_rows, ticket, deadline)
+        return await self.run(self.read_rows, reader, with_weights)
+
+    def start_rows(self, ticket: pb.FlightTicket, deadline: float) -> fl.FlightStreamReader:
+        """A DoGet of rows, once the server has served it: DoGet returns when the stream's
+        schema arrives, which the server sends once it has chosen the rows (an error it
+        answered is raised here). ``read_rows`` then reads them."""
+        return self._client.do_get(fl.Ticket(ticket.SerializeToString()), self._options(deadline))
+
+    def read_rows(self, reader: fl.FlightStreamReader, with_weights: bool) -> SampleBatch:
         batches, facts = [], pb.RowsResponse()
         for chunk in reader:
             if chunk.data.nbytes > self._max_bytes:  # the client's receive limit, as over gRPC

@@ -224,7 +224,7 @@ class AsyncClient:
             if path is not None:
                 await turn.start(None, timeout)
                 task = asyncio.ensure_future(self._flight_rows(path, pb.FlightTicket(sample=req), timeout, True,
-                                                               path.samples))
+                                                               in_order=True))
             else:
                 call = await turn.start(lambda metadata: self._stream(self._stub.Sample, req, timeout, metadata),
                                         timeout)
@@ -416,11 +416,8 @@ class AsyncClient:
         return await self._grpc_rows(method, request, timeout, with_weights)
 
     async def _flight_rows(self, path: FlightPath, ticket: pb.FlightTicket, timeout: float | None,
-                           with_weights: bool, lock: asyncio.Lock | None = None) -> SampleBatch:
-        if lock is None:
-            return await path.run(path.rows, ticket, self._deadline(timeout), with_weights)
-        async with lock:
-            return await path.run(path.rows, ticket, self._deadline(timeout), with_weights)
+                           with_weights: bool, in_order: bool = False) -> SampleBatch:
+        return await path.fetch_rows(ticket, self._deadline(timeout), with_weights, in_order)
 
     async def _grpc_rows(self, method, request, timeout: float | None, with_weights: bool) -> SampleBatch:
         return _codec.rows([m async for m in self._stream(method, request, timeout)], with_weights=with_weights)

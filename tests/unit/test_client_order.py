@@ -6,6 +6,7 @@ import asyncio
 import grpc
 import pytest
 
+from expstore_client._flight import FlightPath
 from expstore_client.aio import _InOrder
 from expstore_proto.service import ORDER_KEY
 
@@ -65,5 +66,47 @@ def test_a_call_cancelled_in_line_lets_the_others_start_in_order():
         a.end()
         await call("d")
         assert dict(started[-1][1])[ORDER_KEY] == f"{origin}:2:1"
+
+    asyncio.run(scenario())
+
+
+class ScriptedPath(FlightPath):
+    """A Flight path whose DoGets are scripted: the server serves a call when the test says
+    (``served[ticket]``), and its rows arrive when the test says (``arrived``)."""
+
+    def __init__(self, tickets: list[str]) -> None:
+        super().__init__("grpc://127.0.0.1:1", None, None, 1 << 20, 1 << 20)  # connects at a call: never
+        self.served = {t: asyncio.Event() for t in tickets}
+        self.arrived = asyncio.Event()
+        self.events: list[tuple[str, str]] = []
+
+    async def run(self, fn, *args):
+        return await fn(*args)
+
+    async def start_rows(self, ticket, deadline):
+        self.events.append(("asked", ticket))
+        await self.served[ticket].wait()
+        return ticket
+
+    async def read_rows(self, reader, with_weights):
+        await self.arrived.wait()
+        self.events.append(("read", reader))
+        return reader
+
+
+def test_a_clients_flight_samples_are_served_in_order_and_the_next_while_rows_are_read():
+    async def scenario():
+        path = ScriptedPath(["a", "b"])
+        first = asyncio.create_task(path.fetch_rows("a", 5, True, in_order=True))
+        second = asyncio.create_task(path.fetch_rows("b", 5, True, in_order=True))
+        await asyncio.sleep(0.01)
+        assert path.events == [("asked", "a")]  # b waits until the server has served a
+        path.served["a"].set()
+        path.served["b"].set()
+        await asyncio.sleep(0.01)
+        assert path.events == [("asked", "a"), ("asked", "b")]  # ... not until a's rows are read
+        path.arrived.set()
+        assert await asyncio.wait_for(first, 5) == "a" and await asyncio.wait_for(second, 5) == "b"
+        path.close()
 
     asyncio.run(scenario())
