@@ -38,10 +38,12 @@ def _f(x: float, digits: int = 0) -> str:
 WIRE_OPS = (("insert", "raw_upload", "upload"), ("insert x2", "raw_upload", "upload"),
             ("insert flight", "raw_upload", "upload"), ("sample", "raw_download", "download"),
             ("sample x2", "raw_download", "download"), ("sample flight", "raw_download", "download"),
+            ("sample x2 flight", "raw_download", "download"),
             ("stream", "raw_download", "download"), ("stream flight", "raw_download", "download"),
             ("stream auto-ack", "raw_download", "download"), ("stream auto-ack flight", "raw_download", "download"))
 # The Flight rows again, against the raw Arrow Flight ceiling of the same run.
 FLIGHT_OPS = (("insert flight", "raw_flight_put", "raw_upload"), ("sample flight", "raw_flight_get", "raw_download"),
+              ("sample x2 flight", "raw_flight_get", "raw_download"),
               ("stream flight", "raw_flight_get", "raw_download"),
               ("stream auto-ack flight", "raw_flight_get", "raw_download"))
 # Stream delivery against sample on the same path (target: the same rate).

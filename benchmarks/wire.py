@@ -12,7 +12,7 @@ expstore see the same machine state on this noisy VM:
 3. the same over Arrow Flight (``flight_min_bytes=0``: every insert is a DoPut),
 4. raw download (server streaming) of the batch's sample messages,
 5. ``Client.sample(256)`` over gRPC, then with two in flight (``Client.sampler``),
-6. the same over Arrow Flight (DoGet),
+6. the same over Arrow Flight (DoGet), one call and two in flight,
 7. ``Client.stream(256)`` + ``ack`` of a fresh consumer group, over gRPC and over Flight;
    then with ``auto_ack`` (each batch acked by the Stream call that fetches the next),
 8. the raw Arrow Flight ceiling (``raw_flight``): DoPut and DoGet of the same 256-row
@@ -188,8 +188,9 @@ def run(quick: bool) -> dict:
                 for path, client in clients.items():
                     op = "sample" if path == "grpc" else "sample flight"
                     per.setdefault(op, []).append(sample_rate(client, table, sum(down), seconds, min_calls))
-                per.setdefault("sample x2", []).append(sample_rate_prefetch(clients["grpc"], table, sum(down),
-                                                                            seconds))
+                for path, client in clients.items():
+                    op = "sample x2" if path == "grpc" else "sample x2 flight"
+                    per.setdefault(op, []).append(sample_rate_prefetch(client, table, sum(down), seconds))
                 for path, client in clients.items():
                     for auto_ack in (False, True):
                         op = "stream" + (" auto-ack" if auto_ack else "") + ("" if path == "grpc" else " flight")
