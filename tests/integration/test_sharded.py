@@ -171,7 +171,7 @@ def test_an_auto_acked_stream_acks_each_shards_rows_even_when_the_next_round_rea
     the last row is sent an Ack instead of a Stream call. Every row read is acked once."""
     client.create_table(table, sampler="fifo")
     client.insert(table, uneven_rows(client, (10, 10, 10), "u"))
-    stream = client.stream(table, "g", 1, poll_timeout=1, visibility_timeout=0.3, auto_ack=True)
+    stream = client.stream(table, "g", 1, poll_timeout=1, auto_ack=True)
     seen = [next(stream).ids[0] for _ in range(12)]
     assert client.stats(table)[table]["group.g.acked"] == 11  # the last one is acked at close
     stream.close()

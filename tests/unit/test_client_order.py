@@ -94,6 +94,11 @@ class ScriptedPath(FlightPath):
         return reader
 
 
+async def _until(done) -> None:
+    while not done():
+        await asyncio.sleep(0.001)
+
+
 def test_a_clients_flight_samples_are_served_in_order_and_the_next_while_rows_are_read():
     async def scenario():
         path = ScriptedPath(["a", "b"])
@@ -103,7 +108,7 @@ def test_a_clients_flight_samples_are_served_in_order_and_the_next_while_rows_ar
         assert path.events == [("asked", "a")]  # b waits until the server has served a
         path.served["a"].set()
         path.served["b"].set()
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(_until(lambda: len(path.events) == 2), 5)
         assert path.events == [("asked", "a"), ("asked", "b")]  # ... not until a's rows are read
         path.arrived.set()
         assert await asyncio.wait_for(first, 5) == "a" and await asyncio.wait_for(second, 5) == "b"
