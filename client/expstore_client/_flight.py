@@ -100,11 +100,11 @@ class FlightPath:
                          in_order: bool = False) -> SampleBatch:
         """Rows of a DoGet. ``in_order`` (a client's samples): the calls are served one at a
         time in the order they were made, each holding the line only until the server has
-        served it (``start_rows``), so that the next is served while its rows are on the wire."""
-        if in_order:
-            async with self._samples:
-                reader = await self.run(self.start_rows, ticket, deadline)
-        else:
+        served it (``start_rows``), so that the next is served while its rows are on the wire.
+        Other calls make one hop to a Flight thread, not two."""
+        if not in_order:
+            return await self.run(lambda: self.read_rows(self.start_rows(ticket, deadline), with_weights))
+        async with self._samples:
             reader = await self.run(self.start_rows, ticket, deadline)
         return await self.run(self.read_rows, reader, with_weights)
 
