@@ -284,8 +284,7 @@ class ShardedClient:
                         unacked[k] = np.concatenate([unacked[k], ids]) if k in unacked else ids
                 yield batch.acked_by(lambda ids=batch.ids: self.ack(table, group, ids))
         except GeneratorExit:  # closed: the last batch is done with
-            if unacked:
-                self._all(f"table {table!r}: ack", lambda c, k: c.ack(table, group, unacked[k]), list(unacked))
+            self._ack_local(table, group, unacked)
             raise
 
     def _stream_round(self, table: str, group: str, request: pb.StreamRequest, unacked: dict[int, np.ndarray], *,
@@ -322,7 +321,11 @@ class ShardedClient:
 
     def ack(self, table: str, group: str, item_ids) -> int:
         parts = _shard_ids.by_shard(item_ids, len(self.shards))
-        done = self._all(f"table {table!r}: ack", lambda c, k: c.ack(table, group, parts[k][1]), parts)
+        return self._ack_local(table, group, {k: ids for k, (_, ids) in parts.items()})
+
+    def _ack_local(self, table: str, group: str, ids: dict[int, np.ndarray]) -> int:
+        """Ack shard-local ids (shard -> its ids) on their shards; the number newly acked."""
+        done = self._all(f"table {table!r}: ack", lambda c, k: c.ack(table, group, ids[k]), ids)
         return sum(done.values())
 
     def update_priorities(self, table: str, item_ids, priorities) -> PriorityUpdate:
