@@ -18,6 +18,7 @@ from expstore.spec import TableSpec
 
 ROLES = ("producer", "trainer", "reader", "admin")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+EVENT_LOOPS = ("uvloop", "asyncio")  # the server's event loop (main.run_event_loop)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class ServerConfig:
     visibility_timeout_s: float = 60.0
     grace_s: float = 30.0
     log_level: str = "info"
+    event_loop: str = "uvloop"  # or "asyncio": the standard library's (main.run_event_loop)
     keep_freed_memory: bool = True  # glibc keeps freed buffers mapped (see main.keep_freed_memory)
     malloc_arenas: int = 2  # glibc's malloc arenas, all threads together (0: glibc's default; main.limit_malloc_arenas)
     malloc_trim_idle_s: float = 0.5  # freed memory goes back to the OS once malloc was still this long (0: never; main.IdleTrim)
@@ -129,6 +131,8 @@ class ServerConfig:
             raise InvalidArgument("tls_cert and tls_key go together")
         if self.log_level not in LOG_LEVELS:
             raise InvalidArgument(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise InvalidArgument(f"event_loop must be one of {list(EVENT_LOOPS)}, got {self.event_loop!r}")
         if self.workers < 1:
             raise InvalidArgument("workers must be >= 1")
         if self.malloc_arenas < 0:

