@@ -7,7 +7,9 @@ back to back. All start together; reported: total items/s over the wall time fro
 start to the last insert, per-insert latency p50/p99/max, errors (any exception), and a
 check that the table holds every row. The same producers then run against the raw gRPC
 server of ``raw_grpc`` (grpc.aio channels, each call one client-streaming ``Upload`` of
-one message the size of the batch's Arrow IPC stream): the ceiling for this call mix.
+one message the size of the batch's Arrow IPC stream, as expstore's Insert): the ceiling
+for this call mix; the 10,000 at once also as unary ``Put`` calls, which gRPC moves
+with less work (the ceiling were Insert unary).
 The 10,000-producer row (``TEN_K``: one insert each, 16 channels) runs on a fresh server
 with the DEFAULT durable table, directly (no batcher), against its own raw ceiling; then
 again with the inserts spread over a window (``run``). Its bursts also report the CPU
@@ -103,11 +105,15 @@ async def _batched_producers(address: str, producers: int, channels: int, calls:
 
 
 async def _raw_producers(address: str, producers: int, channels: int, calls: int, rows: int,
-                         spread_s: float = 0.0) -> dict:
+                         spread_s: float = 0.0, unary: bool = False) -> dict:
+    """The producers against the raw server: each call one client-streaming ``Upload`` of
+    one message, as expstore's Insert; or, with ``unary``, one unary ``Put``."""
     chans = [grpc.aio.insecure_channel(address, raw_grpc.OPTIONS) for _ in range(channels)]
-    uploads = [c.stream_unary(f"/{raw_grpc.SERVICE}/Upload") for c in chans]
     message = bytes(len(arrow_ipc.encode(trajectories(rows, tokens=20))))
-    out = await _drive(producers, calls, lambda i, j: uploads[i % channels](iter([message]), timeout=60), spread_s)
+    stubs = [c.unary_unary(f"/{raw_grpc.SERVICE}/Put") if unary else c.stream_unary(f"/{raw_grpc.SERVICE}/Upload")
+             for c in chans]
+    out = await _drive(producers, calls,
+                       lambda i, j: stubs[i % channels](message if unary else iter([message]), timeout=60), spread_s)
     for c in chans:
         await c.close()
     return {"message_bytes": len(message), **out, "items_per_s": out["calls_per_s"] * rows}
@@ -141,6 +147,7 @@ def run(quick: bool) -> dict:
     with raw_grpc.start() as srv:
         out["raw"] = asyncio.run(_raw_producers(srv.address, **shape))
         out["10k"]["raw"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K)))
+        out["10k"]["raw_unary"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K, unary=True)))
         spread_s = TEN_K["producers"] / (PACED_SHARE * out["10k"]["raw"]["calls_per_s"])
         paced_raw = asyncio.run(_raw_producers(srv.address, **TEN_K, spread_s=spread_s))
     with server.start_expstore() as srv:

@@ -6,6 +6,10 @@ expstore-server) has two generic methods with identity (de)serializers, so messa
 are opaque ``bytes``:
 
 - ``Upload`` (client streaming): reads every message, answers the byte count.
+- ``Put`` (unary): the same for a call of one message. gRPC moves a unary call in fewer
+  steps than a client-streaming one of one message (measured here, 10,000 producers:
+  ~4,300 calls/s against ~3,300, with less CPU a call on both sides): the ceiling for small
+  calls were the wire to carry them unary.
 - ``Download`` (server streaming): the request lists message sizes (uint64 LE); the
   server answers with prebuilt random messages of those sizes.
 
@@ -47,6 +51,9 @@ async def _serve() -> None:
             total += len(message)
         return total.to_bytes(8, "little")
 
+    async def put(message, context):
+        return len(message).to_bytes(8, "little")
+
     async def download(request, context):
         for size in np.frombuffer(request, dtype="<u8").tolist():
             if size not in prebuilt:
@@ -54,6 +61,7 @@ async def _serve() -> None:
             yield prebuilt[size]
 
     handlers = {"Upload": grpc.stream_unary_rpc_method_handler(upload),
+                "Put": grpc.unary_unary_rpc_method_handler(put),
                 "Download": grpc.unary_stream_rpc_method_handler(download)}
     # expstore-server's PENDING_CALLS too: grpc's core refuses arrived calls at random past
     # 1,000 otherwise (a 10,000-call burst: ~3,700 errors), which is no ceiling to compare with
