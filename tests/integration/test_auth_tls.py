@@ -25,7 +25,7 @@ ENV_SECRET = "env-Secret-d00d5eed"  # token "ci" comes from the environment
 ROLE_OF_METHOD = {
     "CreateTable": "admin", "DropTable": "admin",
     "ListTables": "reader", "DescribeTable": "any", "Get": "reader", "Stats": "reader",
-    "Insert": "producer",
+    "Insert": "producer", "InsertUnary": "producer",
     "Sample": "trainer", "Stream": "trainer", "Ack": "trainer", "UpdatePriorities": "trainer",
     "SetPolicyVersion": "trainer", "Reserve": "producer", "Release": "producer",
 }
@@ -85,6 +85,8 @@ def calls(stub, who: str, metadata):
         "Stats": lambda: stub.Stats(pb.StatsRequest(table=TABLE), metadata=metadata, timeout=5),
         "Insert": lambda: stub.Insert(iter(insert_requests(TABLE, [trajectories(1, id_prefix=f"by-{who}")])),
                                       metadata=metadata, timeout=5),
+        "InsertUnary": lambda: stub.InsertUnary(insert_requests(TABLE, [trajectories(1, id_prefix=f"one-{who}")])[0],
+                                                metadata=metadata, timeout=5),
         "Sample": lambda: list(stub.Sample(pb.SampleRequest(table=TABLE, batch_size=1, timeout_s=1),
                                            metadata=metadata, timeout=5)),
         "Stream": lambda: list(stub.Stream(pb.StreamRequest(table=TABLE, group=f"g_{who}", batch_size=1,

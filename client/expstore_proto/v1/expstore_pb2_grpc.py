@@ -59,6 +59,11 @@ class ExperienceStoreStub:
                 request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
                 response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
                 _registered_method=True)
+        self.InsertUnary = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/InsertUnary',
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
+                _registered_method=True)
         self.Sample = channel.unary_stream(
                 '/expstore.v1.ExperienceStore/Sample',
                 request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.SampleRequest.SerializeToString,
@@ -168,6 +173,14 @@ class ExperienceStoreServicer:
     def Insert(self, request_iterator, context):
         """Rows in (role producer). All messages of one call are validated, then applied
         together or not at all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InsertUnary(self, request, context):
+        """Insert as one message: the same call, unary (gRPC moves it in fewer steps on both
+        sides; clients send an insert that fits one message this way).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -299,6 +312,11 @@ def add_ExperienceStoreServicer_to_server(servicer, server):
             ),
             'Insert': grpc.stream_unary_rpc_method_handler(
                     servicer.Insert,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.SerializeToString,
+            ),
+            'InsertUnary': grpc.unary_unary_rpc_method_handler(
+                    servicer.InsertUnary,
                     request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.FromString,
                     response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.SerializeToString,
             ),
@@ -511,6 +529,33 @@ class ExperienceStore:
             request_iterator,
             target,
             '/expstore.v1.ExperienceStore/Insert',
+            expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InsertUnary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/InsertUnary',
             expstore__proto_dot_v1_dot_expstore__pb2.InsertRequest.SerializeToString,
             expstore__proto_dot_v1_dot_expstore__pb2.InsertResponse.FromString,
             options,
