@@ -6,10 +6,10 @@ i % channels); each inserts ``calls`` batches of ``rows`` ~300 B rows (fresh tra
 back to back. All start together; reported: total items/s over the wall time from the
 start to the last insert, per-insert latency p50/p99/max, errors (any exception), and a
 check that the table holds every row. The same producers then run against the raw gRPC
-server of ``raw_grpc`` (grpc.aio channels, each call one client-streaming ``Upload`` of
-one message the size of the batch's Arrow IPC stream, as expstore's Insert): the ceiling
-for this call mix; the 10,000 at once also as unary ``Put`` calls, which gRPC moves
-with less work (the ceiling were Insert unary).
+server of ``raw_grpc`` (grpc.aio channels, each call one unary ``Put`` of one message
+the size of the batch's Arrow IPC stream, as the client sends such an insert:
+InsertUnary): the ceiling for this call mix; the 10,000 at once also as client-streaming
+``Upload`` calls of that one message (Insert's shape, which gRPC moves with more work).
 The 10,000-producer row (``TEN_K``: one insert each, 16 channels) runs on a fresh server
 with the DEFAULT durable table, directly (no batcher), against its own raw ceiling; then
 again with the inserts spread over a window (``run``). Its bursts also report the CPU
@@ -107,7 +107,7 @@ async def _batched_producers(address: str, producers: int, channels: int, calls:
 async def _raw_producers(address: str, producers: int, channels: int, calls: int, rows: int,
                          spread_s: float = 0.0, unary: bool = False) -> dict:
     """The producers against the raw server: each call one client-streaming ``Upload`` of
-    one message, as expstore's Insert; or, with ``unary``, one unary ``Put``."""
+    one message; or, with ``unary``, one unary ``Put``."""
     chans = [grpc.aio.insecure_channel(address, raw_grpc.OPTIONS) for _ in range(channels)]
     message = bytes(len(arrow_ipc.encode(trajectories(rows, tokens=20))))
     stubs = [c.unary_unary(f"/{raw_grpc.SERVICE}/Put") if unary else c.stream_unary(f"/{raw_grpc.SERVICE}/Upload")
@@ -144,12 +144,12 @@ def run(quick: bool) -> dict:
         out["batched"] = asyncio.run(_batched_producers(srv.address, **shape))
     with server.start_expstore() as srv:
         out["10k"] = with_cpu(srv, lambda: asyncio.run(_producers(srv.address, **TEN_K)))
-    with raw_grpc.start() as srv:
-        out["raw"] = asyncio.run(_raw_producers(srv.address, **shape))
-        out["10k"]["raw"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K)))
-        out["10k"]["raw_unary"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K, unary=True)))
+    with raw_grpc.start() as srv:  # unary calls, as the client sends an insert of one message
+        out["raw"] = asyncio.run(_raw_producers(srv.address, **shape, unary=True))
+        out["10k"]["raw"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K, unary=True)))
+        out["10k"]["raw_stream"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K)))
         spread_s = TEN_K["producers"] / (PACED_SHARE * out["10k"]["raw"]["calls_per_s"])
-        paced_raw = asyncio.run(_raw_producers(srv.address, **TEN_K, spread_s=spread_s))
+        paced_raw = asyncio.run(_raw_producers(srv.address, **TEN_K, spread_s=spread_s, unary=True))
     with server.start_expstore() as srv:
         out["10k_paced"] = asyncio.run(_producers(srv.address, **TEN_K, spread_s=spread_s))
     out["10k_paced"].update(raw=paced_raw, spread_s=spread_s, offered_calls_per_s=TEN_K["producers"] / spread_s)

@@ -6,7 +6,8 @@ set). For each item size (~36 KiB: ``trajectories(256, tokens=4096)``; ~300 B:
 tokens=20) and each round, the measurements run back to back, so the ceiling and
 expstore see the same machine state on this noisy VM:
 
-1. raw upload   (``raw_grpc``, client streaming) of the batch's insert messages,
+1. raw upload   (``raw_grpc``) of the batch's insert messages: one unary call where
+   it is one message (300 B rows), as the client sends it, else client streaming,
 2. ``Client.insert`` of 256 rows over gRPC (``flight=False``; fresh traj_ids every call;
    ``max_size`` makes steady state include FIFO eviction), then with two in flight,
 3. the same over Arrow Flight (``flight_min_bytes=0``: every insert is a DoPut),
