@@ -113,6 +113,18 @@ def client(shared_server):
 
 
 @pytest.fixture
+def stub(shared_server):
+    """A raw gRPC stub of the shared server: requests go as written, without the client's checks."""
+    import grpc
+
+    from expstore_proto.v1 import expstore_pb2_grpc
+
+    channel = grpc.insecure_channel(shared_server.address)
+    yield expstore_pb2_grpc.ExperienceStoreStub(channel)
+    channel.close()
+
+
+@pytest.fixture
 def table_name(request):
     """A table name unique to the test (tables live on the shared server)."""
     return "t_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[:100]

@@ -27,13 +27,6 @@ def table(client, table_name):
     client.drop_table(table_name)
 
 
-@pytest.fixture
-def stub(shared_server):
-    channel, stub = raw_stub(shared_server.address)
-    yield stub
-    channel.close()
-
-
 def assert_still_serving(client, table: str, expected_items: int) -> None:
     """The server answers, and the failed request left the table as it was."""
     assert num_items(client, table) == expected_items

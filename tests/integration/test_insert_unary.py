@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from ._util import (audit_lines, insert_requests, num_items, pb, raw_stub, rpc_error, trajectories,
+from ._util import (audit_lines, insert_requests, num_items, pb, rpc_error, trajectories,
                     wait_until)
 
 IA = grpc.StatusCode.INVALID_ARGUMENT
@@ -18,13 +18,6 @@ def table(client, table_name):
     client.create_table(table_name, sampler="fifo")
     yield table_name
     client.drop_table(table_name)
-
-
-@pytest.fixture
-def stub(shared_server):
-    channel, stub = raw_stub(shared_server.address)
-    yield stub
-    channel.close()
 
 
 def test_an_insert_unary_call_stores_rows_and_is_audited_as_an_insert(shared_server, client, stub, table):
