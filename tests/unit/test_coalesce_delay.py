@@ -1,7 +1,8 @@
 """The insert coalescer's group-commit delay (server/expstore_server/coalesce.py): after a
 group of several calls, the next group waits for the rest of its crowd when fewer calls
 than that are queued, until as many are queued (or the delay is over); a lone producer,
-or a crowd already queued, never waits. The clock is the test's: the coalescer is handed
+or a crowd already queued, never waits; a group that finds more calls queued than the
+last group had stays open while calls keep coming (``gap_s``). The clock is the test's: the coalescer is handed
 a ``wait`` that records each wait, lets calls arrive during it and records whether the
 crowd was complete at its end, and a ``run`` that records each group and lets calls
 arrive during its commit; one test waits on the real clock for a crowd that comes back."""
@@ -19,6 +20,7 @@ from expstore_server.arrivals import Line
 from expstore_server.coalesce import InsertCoalescer, Pending
 
 DELAY_S = 0.5  # never really waited: the test's wait only records it
+GAP_S = 0.001
 
 
 def _table() -> Table:
@@ -40,7 +42,7 @@ class _Crowd:
     wait."""
 
     def __init__(self, arrive_during_commit: dict[int, int], arrive_during_wait: dict[int, int],
-                 delay_s: float = DELAY_S) -> None:
+                 delay_s: float = DELAY_S, gap_s: float = 0.0) -> None:
         self.table = _table()
         self.groups: list[list[str]] = []
         self.waits: list[float] = []
@@ -48,7 +50,7 @@ class _Crowd:
         self.calls: list[asyncio.Task] = []
         self._during_commit, self._during_wait = arrive_during_commit, arrive_during_wait
         self._sent = 0
-        self.coalescer = InsertCoalescer(self._run, delay_s=delay_s, wait=self._wait)
+        self.coalescer = InsertCoalescer(self._run, delay_s=delay_s, gap_s=gap_s, wait=self._wait)
 
     async def arrive(self, n: int) -> None:
         """``n`` new calls start; each has joined the queue on return."""
@@ -114,6 +116,32 @@ def test_a_crowd_already_queued_goes_at_once_and_a_group_of_one_does_not_wait():
         await crowd.answers()
         assert crowd.groups == [["call0", "call1"], ["call2", "call3"], ["call4"]]
         assert crowd.waits == [DELAY_S] and crowd.complete == [False]  # one of two: waits it out
+
+    asyncio.run(main())
+
+
+def test_a_growing_crowds_group_stays_open_while_its_calls_keep_coming():
+    async def main():
+        # Three calls; four arrive during their commit (more than the last group: a
+        # growing crowd), so the second group stays open: one more call comes within the
+        # gap, then nobody.
+        crowd = _Crowd(arrive_during_commit={0: 4}, arrive_during_wait={0: 1}, gap_s=GAP_S)
+        await crowd.arrive(3)
+        await crowd.answers()
+        assert crowd.groups == [["call0", "call1", "call2"], ["call3", "call4", "call5", "call6", "call7"]]
+        assert crowd.waits == [GAP_S, GAP_S] and crowd.complete == [True, False]
+
+    asyncio.run(main())
+
+
+def test_producers_back_to_back_never_hold_their_group_open():
+    async def main():
+        # Two producers back to back: their next calls are queued by the end of each
+        # commit, never more than the last group had: no group waits.
+        crowd = _Crowd(arrive_during_commit={k: 2 for k in range(6)}, arrive_during_wait={}, gap_s=GAP_S)
+        await crowd.arrive(2)
+        await crowd.answers()
+        assert [len(g) for g in crowd.groups] == [2] * 7 and crowd.waits == []
 
     asyncio.run(main())
 
