@@ -193,13 +193,10 @@ class AsyncClient:
                 # A task starts at once and queues on the path's lock: the order of the calls.
                 return asyncio.ensure_future(self._flight_insert(path, flight, arrow, table, data, priorities,
                                                                  timeout, durability))
-            only, messages = _codec.only_message(requests)
-            if only is not None:  # unary: gRPC moves it in fewer steps than a stream of one
-                call = await turn.start(lambda metadata: self._stub.InsertUnary(
-                    only, timeout=self._deadline(timeout), metadata=metadata), timeout)
-            else:
-                call = await turn.start(lambda metadata: self._stub.Insert(
-                    messages, timeout=self._deadline(timeout), metadata=metadata), timeout)
+            only, messages = _codec.only_message(requests)  # one message: unary, fewer gRPC steps
+            send, request = (self._stub.InsertUnary, only) if only is not None else (self._stub.Insert, messages)
+            call = await turn.start(lambda metadata: send(request, timeout=self._deadline(timeout),
+                                                          metadata=metadata), timeout)
         return _insert_result(call)
 
     async def _flight_insert(self, path: FlightPath, request: pb.InsertRequest, arrow: pa.Table, table: str,
