@@ -38,7 +38,8 @@ class ChunkStore:
         self._live: dict[int, int] = {}  # chunk id -> live items referencing it
         self._rows: dict[int, int] = {}  # chunk id -> rows it holds
         self._bytes: dict[int, int] = {}  # chunk id -> Arrow bytes
-        self._small: dict[int, int] = {}  # small resident chunk id -> bytes, oldest first
+        # small chunk id -> bytes, oldest first: resident when written (dropped once seen on disk)
+        self._small: dict[int, int] = {}
         self._small_bytes = 0
         self.nbytes = 0  # Arrow bytes of every chunk, in whichever tier
         self.dead_bytes = 0.0
@@ -131,15 +132,18 @@ class ChunkStore:
             if chosen:
                 return chosen
         if self._small_bytes >= self.MERGE_BYTES and len(self._small) > 1:
-            chosen, total = [], 0
+            chosen, total, evicted = [], 0, []
             for c, size in self._small.items():
                 if not self.placement.resident(c):
+                    evicted.append(c)
                     continue
                 chosen.append(c)
                 total += size
                 if total >= self.MERGE_BYTES:
                     break
-            if len(chosen) > 1:
+            for c in evicted:  # left the memory tier: not merged (see above), not walked again
+                self._small_bytes -= self._small.pop(c)
+            if len(chosen) > 1 and total >= self.MERGE_BYTES:
                 return chosen
         return []
 

@@ -56,3 +56,31 @@ def test_small_chunks_are_merged_oldest_first_once_enough_accumulate(monkeypatch
     merged = store.replace([0, more[0], more[1]], batch(300))  # not small itself
     assert store.compaction_candidates() == [] and len(store) == 2
     assert store.get([merged])[merged].num_rows == 300
+
+
+def test_small_chunks_that_left_memory_are_walked_once_and_never_merged(monkeypatch):
+    """A table whose memory cache holds less than MERGE_BYTES: its small chunks go to disk
+    before enough accumulate. Each is looked at once, then forgotten: inserts do not walk
+    every small chunk the table ever wrote."""
+    size = batch(100).get_total_buffer_size()
+    monkeypatch.setattr(ChunkStore, "SMALL_CHUNK_BYTES", 2 * size)
+    monkeypatch.setattr(ChunkStore, "MERGE_BYTES", 3 * size)
+    store = ChunkStore(Placement(MemoryTier(1 << 30)))
+    on_disk, asked = set(), []
+
+    def resident(chunk: int) -> bool:
+        asked.append(chunk)
+        return chunk not in on_disk
+
+    monkeypatch.setattr(store.placement, "resident", resident)
+    first = [store.add(batch(100)) for _ in range(10)]
+    on_disk.update(first)  # the cache dropped them
+    asked.clear()
+    assert store.compaction_candidates() == []
+    assert sorted(asked) == first
+    asked.clear()
+    assert store.compaction_candidates() == [] and asked == []  # not again
+    fresh = [store.add(batch(100)) for _ in range(3)]
+    asked.clear()
+    assert store.compaction_candidates() == fresh  # enough resident ones: merged as before
+    assert asked == fresh
