@@ -91,7 +91,8 @@ class AsyncClient:
         self._tls = bool(tls)
         self.flight, self.flight_min_bytes = flight, flight_min_bytes
         self._flight: FlightPath | None = None
-        self._flight_checked: asyncio.Future | None = None
+        self._info: pb.ServerInfo | None = None  # what the server serves (``_server_info``)
+        self._info_asked: asyncio.Future | None = None
         self._channel = grpc.aio.secure_channel(target, creds, options) if creds else \
             grpc.aio.insecure_channel(target, options)
         self._stub = client_stub(self._channel)
@@ -194,7 +195,13 @@ class AsyncClient:
                 return asyncio.ensure_future(self._flight_insert(path, flight, arrow, table, data, priorities,
                                                                  timeout, durability))
             only, messages = _codec.only_message(requests)  # one message: unary, fewer gRPC steps
-            send, request = (self._stub.InsertUnary, only) if only is not None else (self._stub.Insert, messages)
+            info = self._info if self._info is not None else await self._server_info()
+            if only is None:
+                send, request = self._stub.Insert, messages
+            elif info.insert_unary:
+                send, request = self._stub.InsertUnary, only
+            else:  # a server older than InsertUnary
+                send, request = self._stub.Insert, iter((only,))
             call = await turn.start(lambda metadata: send(request, timeout=self._deadline(timeout),
                                                           metadata=metadata), timeout)
         return _insert_result(call)
@@ -384,28 +391,36 @@ class AsyncClient:
         await self.close()
 
     async def _flight_path(self) -> FlightPath | None:
-        """The server's Flight service (asked for once), or None: gRPC only."""
+        """The server's Flight service, or None: gRPC only."""
         if not self.flight:
             return None
-        if self._flight_checked is None:
-            self._flight_checked = asyncio.ensure_future(self._connect_flight())
-        await asyncio.shield(self._flight_checked)
-        path = self._flight
-        return None if path is None or path.broken else path
-
-    async def _connect_flight(self) -> None:
-        try:
-            info = await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNIMPLEMENTED:  # an older server: no Flight
-                self._flight_checked = None  # ask again on the next call
-                raise
-            return
-        if info.flight_port:
+        info = self._info if self._info is not None else await self._server_info()
+        if self._flight is None and info.flight_port:
             scheme = "grpc+tls" if info.flight_tls else "grpc+tcp"
             host = _flight.flight_host(self.target)
             self._flight = FlightPath(f"{scheme}://{host}:{info.flight_port}", self._metadata, self._tls_root,
                                       self.message_bytes, self.max_message_bytes)
+        path = self._flight
+        return None if path is None or path.broken else path
+
+    async def _server_info(self) -> pb.ServerInfo:
+        """What the server serves, asked for once (``GetServerInfo``): where its Flight
+        service is, whether it takes ``InsertUnary``. Servers older than a field leave it
+        unset: no Flight, every insert streamed. A failed ask fails the call that made
+        it, and the next call asks again."""
+        if self._info_asked is None:
+            self._info_asked = asyncio.ensure_future(self._ask_info())
+        await asyncio.shield(self._info_asked)
+        return self._info
+
+    async def _ask_info(self) -> None:
+        try:
+            self._info = await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                self._info_asked = None
+                raise
+            self._info = pb.ServerInfo()  # older than GetServerInfo itself
 
     async def _rows(self, method, ticket: pb.FlightTicket, request, timeout: float | None,
                     with_weights: bool) -> SampleBatch:

@@ -504,7 +504,7 @@ class Servicer:
 
     @rpc(ANY_ROLE)
     async def GetServerInfo(self, request, context, call):
-        return pb.ServerInfo(flight_port=self.flight_port, flight_tls=self.flight_tls)
+        return pb.ServerInfo(flight_port=self.flight_port, flight_tls=self.flight_tls, insert_unary=True)
 
     # -- plumbing ---------------------------------------------------------------------
 

@@ -20,6 +20,12 @@ def table(client, table_name):
     client.drop_table(table_name)
 
 
+def test_the_server_says_it_takes_insert_unary(stub):
+    """Clients send one-message inserts unary only to servers that say so (older ones get
+    a stream of one: tests/unit/test_insert_shape.py)."""
+    assert stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10).insert_unary
+
+
 def test_an_insert_unary_call_stores_rows_and_is_audited_as_an_insert(shared_server, client, stub, table):
     rows = trajectories(3, id_prefix="u")
     first = stub.InsertUnary(insert_requests(table, [rows])[0], timeout=10)

@@ -516,12 +516,14 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("flight_port", "flight_tls")
+    __slots__ = ("flight_port", "flight_tls", "insert_unary")
     FLIGHT_PORT_FIELD_NUMBER: _ClassVar[int]
     FLIGHT_TLS_FIELD_NUMBER: _ClassVar[int]
+    INSERT_UNARY_FIELD_NUMBER: _ClassVar[int]
     flight_port: int
     flight_tls: bool
-    def __init__(self, flight_port: _Optional[int] = ..., flight_tls: _Optional[bool] = ...) -> None: ...
+    insert_unary: bool
+    def __init__(self, flight_port: _Optional[int] = ..., flight_tls: _Optional[bool] = ..., insert_unary: _Optional[bool] = ...) -> None: ...
 
 class FlightTicket(_message.Message):
     __slots__ = ("sample", "stream", "get", "query")
