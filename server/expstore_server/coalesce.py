@@ -45,8 +45,14 @@ A call's record batches become one (a copy of at most ``max_bytes``): a client's
 sends hundreds, each of which would otherwise be a chunk and a write of its own (measured,
 one call of 125 x 8 rows: 200-260 ms prepared as sent, 7-16 ms as one batch).
 
-A group of several calls that cannot be committed whole (a call's rows fail validation,
-the rate limiter holds the rows back, the disk is full, ...) is undone and its calls
+A group of several calls whose rows fail validation together (a call's own rows are
+bad, or two calls carry the same key: a client's retry) goes back to the head of the queue
+and is taken again in halves, and so on: the calls that pass are still committed in
+groups, and a bad call ends alone (a group of one is committed the ordinary way) with its
+own error; before, the whole group went one by one, which a client's merged call of
+hundreds of inserts (client/expstore_client/merge.py) with one retry in it made a
+hundred commits. A group that cannot be committed whole for another reason (the rate
+limiter holds the rows back, the disk is full, ...) is undone and its calls
 committed one by one, in order, the ordinary way (``alone``), as is a group that finds
 inserts already waiting in the table's line (it would only be undone): each gets exactly the answer
 or error it would have got without coalescing, and a bad call fails alone while the
@@ -136,6 +142,17 @@ class InsertCoalescer:
     async def insert(self, table: Table, call: Pending, arrival: Arrival, wait_s: float | None) -> InsertResult:
         """Queue a call behind its connection's earlier calls (``arrival``; waiting up to
         ``wait_s`` for them) and wait for its answer."""
+        await self._queue(table, [call], arrival, wait_s)
+        return await call.future
+
+    async def insert_many(self, table: Table, calls: list[Pending], arrival: Arrival,
+                          wait_s: float | None) -> list[InsertResult | BaseException]:
+        """``insert`` of the inserts one call carries (``InsertRequest.parts``), queued
+        together in their order: each one's answer, or its own error."""
+        await self._queue(table, calls, arrival, wait_s)
+        return await asyncio.gather(*(call.future for call in calls), return_exceptions=True)
+
+    async def _queue(self, table: Table, calls: list[Pending], arrival: Arrival, wait_s: float | None) -> None:
         if not await arrival.wait(wait_s):
             raise DeadlineExceeded(f"table {table.name!r}: an earlier insert of this connection was still "
                                    f"being received or validated at the call's deadline")
@@ -144,22 +161,22 @@ class InsertCoalescer:
         if queue is None:
             queue = self._queues[table] = deque()
             asyncio.get_running_loop().create_task(self._drain(table, queue))
-        queue.append(call)
+        queue.extend(calls)
         crowd = self._crowds.get(table)
         if crowd is not None and len(queue) >= crowd[0] and not crowd[1].done():
             crowd[1].set_result(None)
-        return await call.future
 
     async def _drain(self, table: Table, queue: deque[Pending]) -> None:
         try:
             last = 0  # calls in the group committed last
+            cap = None  # calls the next group takes at most: half a group that failed validation
             while queue:
                 if len(queue) < last and self.delay_s > 0:  # its crowd is still arriving (never after a group of one)
                     await self._gather(table, last, self.delay_s)
                 elif 0 < last < len(queue) and self.gap_s > 0:  # more than the last group: newcomers, still coming?
                     await self._linger(table, queue)
-                group = self._take(table, queue)
-                last = len(group)
+                group = self._take(table, queue, cap)
+                last, cap = len(group), None
                 if not group:  # their callers have gone
                     continue
                 try:
@@ -167,6 +184,10 @@ class InsertCoalescer:
                 except Exception as e:  # noqa: BLE001 - a lone call's own error (or a fault)
                     for call in group:
                         _settle(call.future, exception=e)
+                    continue
+                if results is _INVALID:  # in halves, until the bad calls are alone
+                    queue.extendleft(reversed(group))
+                    cap = len(group) // 2
                     continue
                 if isinstance(results, list):
                     for call, result in zip(group, results):
@@ -235,27 +256,28 @@ class InsertCoalescer:
                 return None  # each call validated again as it was sent: its own error
             return table.prepare_insert(first.parts, first.priorities, first.durability)
 
-    def _take(self, table: Table, queue: deque[Pending]) -> list[Pending]:
+    def _take(self, table: Table, queue: deque[Pending], cap: int | None = None) -> list[Pending]:
         group = [queue.popleft()]
         rows, nbytes = group[0].rows, group[0].nbytes
         while queue and group[0].mergeable() and queue[0].joins(group[0]) and rows + queue[0].rows <= self.max_rows \
-                and nbytes + queue[0].nbytes <= self.max_bytes:
+                and nbytes + queue[0].nbytes <= self.max_bytes and (cap is None or len(group) < cap):
             call = queue.popleft()
             rows, nbytes = rows + call.rows, nbytes + call.nbytes
             group.append(call)
         return [c for c in group if not c.future.done()]
 
-    def _commit(self, table: Table, group: list[Pending]) -> list[InsertResult] | PreparedInsert | None:
-        """(An engine thread.) The answers of the group's calls; or, if the group cannot be
-        committed whole, what the calls are then committed from one by one: None (from
-        their rows), or the prepared rows of a lone call the rate limiter holds back.
+    def _commit(self, table: Table, group: list[Pending]) -> list[InsertResult] | PreparedInsert | object | None:
+        """(An engine thread.) The answers of the group's calls; ``_INVALID`` where their
+        rows fail validation together (taken again in halves); or, if the group cannot be
+        committed whole otherwise, what the calls are then committed from one by one: None
+        (from their rows), or the prepared rows of a lone call the rate limiter holds back.
         A lone call's error is raised: it is the call's own."""
         alone = len(group) == 1
         if not alone and table.in_line("insert"):  # held back anyway: go behind them one by one
             return None
         prep = self._prepare(table, group)
         if prep is None:
-            return None
+            return _INVALID
         turn = table.turn("insert")
         try:
             outcome = table.try_insert(prep, turn)
@@ -278,6 +300,9 @@ class InsertCoalescer:
             return [outcome]
         self.groups += 1
         return split(outcome, [c.rows for c in group])
+
+
+_INVALID = object()  # what _commit answers for a group whose rows fail validation together
 
 
 def split(result: InsertResult, rows: list[int]) -> list[InsertResult]:

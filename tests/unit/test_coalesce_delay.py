@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pyarrow as pa
 
+from expstore.errors import InvalidArgument
 from expstore.spec import SamplerSpec, TableSpec
 from expstore.synthetic import trajectories
 from expstore.table import Table
@@ -188,3 +190,34 @@ def test_the_wait_ends_once_as_many_calls_as_the_last_group_are_queued():
         assert committed == [3, 4] and len(table) == 14
 
     asyncio.run(main())
+
+
+def test_a_group_that_fails_validation_is_taken_again_in_halves_until_the_bad_call_is_alone():
+    """Eight calls queued together, the sixth (call5) with an invalid row: its group, then
+    the half it is in, fail; the calls that pass are still committed in groups, and
+    call5 ends alone, with its own error."""
+    async def scenario():
+        table, groups = _table(), []
+
+        async def run(fn, table, group):
+            groups.append([c.parts[0].column("traj_id")[0].as_py().split("-")[0] for c in group])
+            return fn(table, group)
+
+        coalescer = InsertCoalescer(run, delay_s=0.0, gap_s=0.0)
+        calls = []
+        for i in range(8):
+            rows = trajectories(2, tokens=4, id_prefix=f"call{i}-", seed=i)
+            if i == 5:
+                at = rows.schema.get_field_index("loss_mask")
+                rows = rows.set_column(at, rows.schema.field(at), pa.array([[2] * 4, [1] * 4], pa.list_(pa.uint8())))
+            call = Pending([rows], np.ones(2), None, rows.nbytes, alone=_never_alone)
+            calls.append(asyncio.ensure_future(coalescer.insert(table, call, Line().arrive(0), None)))
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        return groups, answers
+
+    groups, answers = asyncio.run(scenario())
+    names = [[f"call{i}" for i in ids] for ids in ([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5],
+                                                   [4], [5, 6, 7], [5], [6, 7])]
+    assert groups == names
+    assert isinstance(answers[5], InvalidArgument) and "loss_mask" in str(answers[5])
+    assert all(a.num_inserted == 2 for i, a in enumerate(answers) if i != 5)
