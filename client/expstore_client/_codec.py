@@ -147,16 +147,27 @@ def _column(values: Any, type_: pa.DataType | None) -> pa.Array:
 
 def insert_requests(table: str, data: pa.Table, priorities: Sequence[float] | None,
                     timeout: float, durability: str | None, compress: bool,
-                    message_bytes: int) -> Iterator[bytes]:
+                    message_bytes: int, parts: Sequence[int] = (),
+                    part_timeouts: Sequence[float] = ()) -> Iterator[bytes]:
     """Framed InsertRequests of ~message_bytes of whole rows each (the payload is joined
-    once, never copied by protobuf); the first carries the call's options. Arguments are
+    once, never copied by protobuf); the first carries the call's options (and ``parts``:
+    the rows of each insert a merged call carries, with ``part_timeouts``: each one's
+    timeout, ``InsertRequest.parts``). Arguments are
     checked here, before gRPC iterates the requests on its own thread."""
+    pr = insert_priorities(data, priorities, durability)
+    return _insert_messages(table, data, pr, timeout, DURABILITY[durability], compress, message_bytes, parts,
+                            part_timeouts)
+
+
+def insert_priorities(data: pa.Table, priorities: Sequence[float] | None, durability: str | None) -> np.ndarray | None:
+    """An insert's priorities as an array (None: the server's default), its arguments
+    checked: ValueError where they do not fit its rows."""
     pr = None if priorities is None else np.asarray(priorities, dtype=np.float64)
     if pr is not None and pr.shape != (data.num_rows,):
         raise ValueError(f"{len(pr)} priorities for {data.num_rows} rows")
     if durability not in DURABILITY:
         raise ValueError(f"durability must be one of {[k for k in DURABILITY if k]}, got {durability!r}")
-    return _insert_messages(table, data, pr, timeout, DURABILITY[durability], compress, message_bytes)
+    return pr
 
 
 def only_message(messages: Iterator[bytes]) -> tuple[bytes | None, Iterator[bytes]]:
@@ -174,7 +185,8 @@ def only_message(messages: Iterator[bytes]) -> tuple[bytes | None, Iterator[byte
 
 
 def _insert_messages(table: str, data: pa.Table, priorities: np.ndarray | None, timeout: float, durability: int,
-                     compress: bool, message_bytes: int) -> Iterator[bytes]:
+                     compress: bool, message_bytes: int, parts: Sequence[int],
+                     part_timeouts: Sequence[float]) -> Iterator[bytes]:
     # A generator of its own rather than a closure: its arguments live in its frame, not in
     # one cell object each (thousands of inserts in flight hold one each).
     start = 0
@@ -182,6 +194,8 @@ def _insert_messages(table: str, data: pa.Table, priorities: np.ndarray | None, 
         req = pb.InsertRequest()
         if i == 0:
             req.table, req.timeout_s, req.durability = table, timeout, durability
+            req.parts.extend(parts)
+            req.part_timeouts_s.extend(part_timeouts)
         if priorities is not None:
             req.priorities.extend(priorities[start:start + part.num_rows].tolist())
         start += part.num_rows

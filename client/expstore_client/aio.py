@@ -20,7 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -30,11 +30,12 @@ from expstore_proto import arrow_ipc
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore_proto.service import ORDER_KEY, client_stub
 
-from . import _codec, _flight
+from . import _codec, _flight, merge
 from ._codec import InsertResult, PriorityUpdate, Reservation, TableInfo
 from ._flight import FlightPath
 from .batch import SampleBatch
 from .batcher import InsertBatcher
+from .merge import Group, InsertMerger, Member
 
 DEFAULT_TIMEOUT = 30.0
 MESSAGE_BYTES = 8 << 20
@@ -102,6 +103,7 @@ class AsyncClient:
         self.message_bytes, self.max_message_bytes = message_bytes, max_message_bytes
         self._schemas: dict[str, pa.Schema] = {}
         self._inserts, self._samples = _InOrder(self._channel, self._metadata), _InOrder(self._channel, self._metadata)
+        self._merger = InsertMerger(self._start_group)
 
     @property
     def flight_location(self) -> str | None:
@@ -175,36 +177,132 @@ class AsyncClient:
             await self._start_insert(table, data, priorities, timeout, durability, compress, self.flight))
 
     async def _start_insert(self, table: str, data: Any, priorities, timeout: float | None,
-                            durability: str | None, compress: bool, flight: bool) -> Awaitable[InsertResult]:
+                            durability: str | None, compress: bool, flight: bool,
+                            merge: bool = True) -> Awaitable[InsertResult]:
         """Start an insert once the calls made before it have started: its result to await
         (a coroutine over gRPC, so that ``insert`` makes no task of it: with thousands of
-        inserts in flight, fewer live objects make each garbage collection cheaper)."""
-        turn = self._inserts.take()  # before any await: the order of the calls
-        async with turn:
-            schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
-            arrow = _codec.to_arrow(data, schema)
+        inserts in flight, fewer live objects make each garbage collection cheaper; or
+        the future of its share of a merged call, merge.py). Everything before the first
+        ``await`` fixes the insert's place: among the client's calls (its turn) and in
+        its table's line (``InsertMerger``)."""
+        turn = self._inserts.take()
+        async with turn:  # (entering it does not suspend) left: passes the turn on
             timeout = self.timeout if timeout is None else timeout
-            requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
-                                              self.message_bytes)  # checks the arguments
-            big = flight and not compress and _at_least(arrow, self.flight_min_bytes)
-            path = await self._flight_path() if big else None
-            if path is not None:
-                await turn.start(None, timeout)
-                flight = _flight.insert_request(table, priorities, timeout, durability)
-                # A task starts at once and queues on the path's lock: the order of the calls.
-                return asyncio.ensure_future(self._flight_insert(path, flight, arrow, table, data, priorities,
-                                                                 timeout, durability))
-            only, messages = _codec.only_message(requests)  # one message: unary, fewer gRPC steps
-            info = self._info if self._info is not None else await self._server_info()
-            if only is None:
-                send, request = self._stub.Insert, messages
-            elif info.insert_unary:
-                send, request = self._stub.InsertUnary, only
-            else:  # a server older than InsertUnary
-                send, request = self._stub.Insert, iter((only,))
-            call = await turn.start(lambda metadata: send(request, timeout=self._deadline(timeout),
-                                                          metadata=metadata), timeout)
-        return _insert_result(call)
+            rows = data if isinstance(data, pa.Table) else pa.Table.from_batches([data]) \
+                if isinstance(data, pa.RecordBatch) else None
+            small = merge and rows is not None and not compress and self._merger.mergeable(rows) and \
+                not (flight and _at_least(rows, self.flight_min_bytes))
+            if small:
+                pr = _codec.insert_priorities(rows, priorities, durability)  # checks the arguments
+                answer = self._merger.insert(table, rows, pr, durability, timeout)
+                if answer is not None:  # merged: the group's call needs no turn
+                    return answer
+            place = self._merger.alone(table, small)
+            try:
+                schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
+                arrow = _codec.to_arrow(data, schema)
+                requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
+                                                  self.message_bytes)  # checks the arguments
+                big = flight and not compress and _at_least(arrow, self.flight_min_bytes)
+                path = await self._flight_path() if big else None
+                info = await self._known_info()
+                if place.previous is not None:  # the table's inserts made before this one start first
+                    await asyncio.shield(place.previous)
+                if path is not None:
+                    await turn.start(None, timeout)
+                    flight = _flight.insert_request(table, priorities, timeout, durability)
+                    # A task starts at once and queues on the path's lock: the order of the calls.
+                    call = asyncio.ensure_future(self._flight_insert(path, flight, arrow, table, data, priorities,
+                                                                     timeout, durability))
+                else:
+                    only, messages = _codec.only_message(requests)  # one message: unary, fewer gRPC steps
+                    send, request = self._insert_call(info, only, messages)
+                    call = await turn.start(lambda metadata: send(request, timeout=self._deadline(timeout),
+                                                                  metadata=metadata), timeout)
+            except BaseException:
+                self._merger.gone(place)
+                raise
+        self._merger.started(place)
+        if small:  # the table's next small inserts gather behind it until it ends
+            call.add_done_callback(lambda _: self._merger.ended(table))
+        return call if path is not None else _insert_result(call)
+
+    def _insert_call(self, info: pb.ServerInfo | None, only: bytes | None, messages: Iterator[bytes]) -> tuple:
+        """The stub an insert's messages go by, and its request: a unary InsertUnary of
+        one message where the server takes it, else a streaming Insert."""
+        if only is None:
+            return self._stub.Insert, messages
+        if info is not None and info.insert_unary:
+            return self._stub.InsertUnary, only
+        return self._stub.Insert, iter((only,))  # a server older than InsertUnary
+
+    async def _start_group(self, group: Group) -> None:
+        """Put a group of merged inserts on the wire as one call (its place in the client's
+        order is now: ``InsertMerger`` starts it once everything of its table before it
+        has started) and answer each member. A server that does not take a call of
+        several inserts (``InsertRequest.parts``) gets the members' calls one after another."""
+        members = group.live()
+        try:
+            info = await self._known_info()
+            now = asyncio.get_running_loop().time()
+            left = [max(0.0, m.deadline - now) for m in members]  # of each caller's timeout
+            await self._inserts.connected(max(left))
+            if info is not None and info.insert_parts and len(members) > 1:
+                priorities = None if all(m.priorities is None for m in members) else np.concatenate(
+                    [np.ones(m.rows.num_rows) if m.priorities is None else m.priorities for m in members])
+                calls = [(members, self._send_numbered(group, pa.concat_tables([m.rows for m in members]),
+                                                       priorities, left, info, [m.rows.num_rows for m in members]))]
+            else:
+                calls = [([m], self._send_numbered(group, m.rows, m.priorities, [t], info))
+                         for m, t in zip(members, left)]
+        except BaseException as e:
+            group.started.set_result(None)
+            self._merger.ended(group.table)
+            for m in members:
+                _settle(m.future, error=e)
+            raise
+        group.started.set_result(None)
+        try:
+            for part, call in calls:
+                await self._answer(part, call)
+        finally:
+            self._merger.ended(group.table)
+
+    def _send_numbered(self, group: Group, rows: pa.Table, priorities: np.ndarray | None, timeouts: list[float],
+                       info: pb.ServerInfo | None, parts: Sequence[int] = ()):
+        """Start an insert call of a group's rows (``parts``: of several inserts, each with
+        its own timeout; else one), numbered in the client's order now."""
+        timeout = max(timeouts)
+        requests = _codec.insert_requests(group.table, rows, priorities, timeout, group.durability, False,
+                                          self.message_bytes, parts, timeouts if parts else ())
+        send, request = self._insert_call(info, *_codec.only_message(requests))
+        seq, metadata = self._inserts.numbered()
+        try:
+            call = send(request, timeout=self._deadline(timeout), metadata=metadata)
+        except BaseException:
+            self._inserts.ended(seq)
+            raise
+        call.add_done_callback(lambda _: self._inserts.ended(seq))
+        return call
+
+    @staticmethod
+    async def _answer(members: list[Member], call) -> None:
+        """Answer each of ``members`` from their call: its own result or error."""
+        try:
+            response = await call
+            answers = merge.answers(response, [m.rows.num_rows for m in members]) if len(members) > 1 \
+                else [_codec.insert_result(response)]
+        except Exception as e:  # noqa: BLE001 - the call's error is each member's
+            answers = [e] * len(members)
+        except BaseException:  # the client's loop is going away
+            for m in members:
+                m.future.cancel()
+            raise
+        for m, answer in zip(members, answers):
+            if isinstance(answer, Exception):
+                _settle(m.future, error=answer)
+            else:
+                _settle(m.future, answer)
 
     async def _flight_insert(self, path: FlightPath, request: pb.InsertRequest, arrow: pa.Table, table: str,
                              data: Any, priorities, timeout: float, durability: str | None) -> InsertResult:
@@ -403,6 +501,16 @@ class AsyncClient:
         path = self._flight
         return None if path is None or path.broken else path
 
+    async def _known_info(self) -> pb.ServerInfo | None:
+        """What the server serves, or None where asking failed: the insert's own call
+        (a plain ``Insert``, which every server takes) then meets what is wrong."""
+        if self._info is not None:
+            return self._info
+        try:
+            return await self._server_info()
+        except grpc.RpcError:
+            return None
+
     async def _server_info(self) -> pb.ServerInfo:
         """What the server serves, asked for once (``GetServerInfo``): where its Flight
         service is, whether it takes ``InsertUnary``. Servers older than a field leave it
@@ -594,3 +702,13 @@ def _at_least(data: pa.Table, nbytes: int) -> bool:
     smaller: ``nbytes`` costs ~3 us a column. (Buffers shared by columns count once in the
     total: such rows may go over gRPC, which splits them as any other.)"""
     return data.get_total_buffer_size() >= nbytes and data.nbytes >= nbytes
+
+
+def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Answer a merged insert's caller, unless it went away."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -22,10 +22,11 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
 import numpy as np
+import pyarrow as pa
 
 from expstore import query
 from expstore.admission import Admission, Wait
@@ -203,6 +204,29 @@ def _table_of(request) -> str | None:
     return config.name if config is not None else getattr(request, "table", None)
 
 
+MAX_INSERT_PARTS = 4096  # inserts one call may carry (InsertRequest.parts; a client merges at most 4,096 rows)
+
+
+def _parts_response(answers: list, sizes: list[int]) -> pb.InsertResponse:
+    """The answer of a call of several inserts: each one's counts or its own error (its
+    rows then under id 0); an error that is not the insert's own (a bug) is the call's."""
+    response = pb.InsertResponse()
+    for answer, n in zip(answers, sizes):
+        if isinstance(answer, InsertResult):
+            response.item_ids.extend(answer.item_ids.tolist())
+            response.parts.add(num_inserted=answer.num_inserted, num_duplicates=answer.num_duplicates,
+                               num_stale=answer.num_stale)
+            response.num_inserted += answer.num_inserted
+            response.num_duplicates += answer.num_duplicates
+            response.num_stale += answer.num_stale
+        elif isinstance(answer, ExpstoreError):
+            response.item_ids.extend([0] * n)
+            response.parts.add(code=status_of(answer).value[0], message=clip(str(answer), MESSAGE_CHARS))
+        else:
+            raise answer
+    return response
+
+
 async def _one(request):
     """A request stream of one message."""
     yield request
@@ -315,10 +339,47 @@ class Servicer:
         if first is None:
             raise InvalidArgument("an insert call must send at least one message")
         priorities = np.concatenate(priorities)
+        remaining = context.time_remaining()
+        wait_s = None if remaining is None else max(0.0, remaining - 0.05)
+        if not first.parts:
+            pending = Pending(parts, priorities, durability, nbytes,
+                              self._alone(table, parts, priorities, durability, origin, first.timeout_s, context))
+            result = await self._inserts.insert(table, pending, arrival, wait_s)
+            call.detail = f"rows={len(priorities)} inserted={result.num_inserted} duplicates={result.num_duplicates}"
+            return pb.InsertResponse(item_ids=result.item_ids.tolist(), num_inserted=result.num_inserted,
+                                     num_duplicates=result.num_duplicates, num_stale=result.num_stale)
+        sizes = list(first.parts)
+        if len(sizes) > MAX_INSERT_PARTS:
+            raise InvalidArgument(f"table {first.table!r}: a call carries at most {MAX_INSERT_PARTS} inserts "
+                                  f"(parts), not {len(sizes)}")
+        if min(sizes) < 1 or sum(sizes) != len(priorities):
+            raise InvalidArgument(f"table {first.table!r}: the call's parts {clip(str(sizes), MESSAGE_CHARS)} "
+                                  f"do not split its {len(priorities)} rows into inserts of at least one row")
+        timeouts = list(first.part_timeouts_s) or [first.timeout_s] * len(sizes)
+        if len(timeouts) != len(sizes):
+            raise InvalidArgument(f"table {first.table!r}: {len(timeouts)} part timeouts for {len(sizes)} parts")
+        rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        bounds = np.cumsum([0] + sizes).tolist()
+        inserts = []
+        for lo, hi, timeout_s in zip(bounds[:-1], bounds[1:], timeouts):
+            own, pr = [rows.slice(lo, hi - lo)], priorities[lo:hi]
+            inserts.append(Pending(own, pr, durability, nbytes * (hi - lo) // len(priorities),
+                                   self._alone(table, own, pr, durability, origin, timeout_s, context)))
+        answers = await self._inserts.insert_many(table, inserts, arrival, wait_s)
+        response = _parts_response(answers, sizes)
+        call.detail = (f"rows={len(priorities)} inserted={response.num_inserted} "
+                       f"duplicates={response.num_duplicates} inserts={len(sizes)} "
+                       f"refused={sum(1 for a in answers if not isinstance(a, InsertResult))}")
+        return response
+
+    def _alone(self, table: Table, parts: list[pa.Table], priorities: np.ndarray, durability: str | None,
+               origin: str, timeout_s: float, context
+               ) -> Callable[[PreparedInsert | None, Arrival, Callable[[], None]], Awaitable[InsertResult]]:
+        """How an insert is committed by itself (coalesce.py's ``Pending.alone``)."""
 
         async def alone(prep: PreparedInsert | None, order: Arrival, tried: Callable[[], None]) -> InsertResult:
-            """Commit this call by itself (coalesce.py): validation and SSD writes first,
-            then the commit attempts, the first handed over in ``order``."""
+            """Validation and SSD writes first, then the commit attempts, the first handed
+            over in ``order``."""
             if prep is None:
                 prep = await self._run(table.prepare_insert, parts, priorities, durability)
             turn = table.turn("insert", origin)
@@ -331,17 +392,11 @@ class Servicer:
                     loop.call_soon_threadsafe(tried)
 
             try:
-                return await self._admit(table, "insert", attempt, first.timeout_s, context, arrival=order, turn=turn)
+                return await self._admit(table, "insert", attempt, timeout_s, context, arrival=order, turn=turn)
             except BaseException:
                 await self._run(table.abandon_insert, prep)
                 raise
-
-        remaining = context.time_remaining()
-        result = await self._inserts.insert(table, Pending(parts, priorities, durability, nbytes, alone), arrival,
-                                            None if remaining is None else max(0.0, remaining - 0.05))
-        call.detail = f"rows={len(priorities)} inserted={result.num_inserted} duplicates={result.num_duplicates}"
-        return pb.InsertResponse(item_ids=result.item_ids.tolist(), num_inserted=result.num_inserted,
-                                 num_duplicates=result.num_duplicates, num_stale=result.num_stale)
+        return alone
 
     def _arrival(self, kind: str, context) -> tuple[str, Arrival]:
         """The call's origin (the client's line of calls, else its connection) and its
@@ -504,7 +559,8 @@ class Servicer:
 
     @rpc(ANY_ROLE)
     async def GetServerInfo(self, request, context, call):
-        return pb.ServerInfo(flight_port=self.flight_port, flight_tls=self.flight_tls, insert_unary=True)
+        return pb.ServerInfo(flight_port=self.flight_port, flight_tls=self.flight_tls, insert_unary=True,
+                             insert_parts=True)
 
     # -- plumbing ---------------------------------------------------------------------
 

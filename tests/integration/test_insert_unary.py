@@ -5,10 +5,11 @@ validation, answers, errors, audit and metrics (docs/rpc.md)."""
 from __future__ import annotations
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from ._util import (audit_lines, insert_requests, num_items, pb, rpc_error, trajectories,
-                    wait_until)
+                    wait_until, with_loss_mask)
 
 IA = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -55,4 +56,37 @@ def test_insert_unary_refuses_what_insert_refuses_and_stores_nothing(client, stu
     unknown = insert_requests("no_such_table", [trajectories(1)])[0]
     err = rpc_error(lambda: stub.InsertUnary(unknown, timeout=5), grpc.StatusCode.NOT_FOUND)
     assert "no_such_table" in err.details(), err.details()
+    assert num_items(client, table) == 0
+
+
+def test_a_call_of_several_inserts_answers_each_as_if_sent_alone(client, stub, table):
+    """InsertRequest.parts (a client's merged inserts): each part is an insert of its own,
+    in order: its own ids and duplicates, its own error; the others are stored."""
+    one, two = trajectories(2, id_prefix="one"), trajectories(3, id_prefix="two")
+    bad = with_loss_mask(trajectories(2, id_prefix="bad"), row=1, token=3, value=2)
+    rows = pa.concat_tables([one, bad, two, one])  # the last part: a retry of the first
+    request = insert_requests(table, [rows])[0]
+    request.parts.extend([2, 2, 3, 2])
+    response = stub.InsertUnary(request, timeout=10)
+    codes = [p.code for p in response.parts]
+    assert codes == [0, IA.value[0], 0, 0], response
+    assert "row 1" in response.parts[1].message and "'loss_mask'" in response.parts[1].message  # its own row 1
+    assert [(p.num_inserted, p.num_duplicates) for p in response.parts] == [(2, 0), (0, 0), (3, 0), (0, 2)]
+    ids = list(response.item_ids)
+    assert ids[2:4] == [0, 0] and ids[7:] == ids[:2] and len(set(ids[:2] + ids[4:7])) == 5
+    assert ids[:2] < ids[4:7]  # in the order of the parts
+    assert (response.num_inserted, response.num_duplicates) == (5, 2)
+    assert num_items(client, table) == 5
+
+
+def test_parts_that_do_not_split_the_rows_are_refused(client, stub, table):
+    for parts in ([2, 1], [3, 0, 1], [5]):  # 4 rows
+        request = insert_requests(table, [trajectories(4)])[0]
+        request.parts.extend(parts)
+        err = rpc_error(lambda: stub.InsertUnary(request, timeout=5), IA)
+        assert table in err.details() and "parts" in err.details(), err.details()
+    many = insert_requests(table, [trajectories(4097, tokens=2)])[0]
+    many.parts.extend([1] * 4097)
+    err = rpc_error(lambda: stub.InsertUnary(many, timeout=10), IA)
+    assert "at most 4096 inserts" in err.details(), err.details()
     assert num_items(client, table) == 0

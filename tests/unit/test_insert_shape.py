@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from expstore.synthetic import trajectories
-from expstore_client import AsyncClient, _codec
+from expstore_client import AsyncClient, _codec, merge
 from expstore_proto.service import METHODS, SERVICE
 from expstore_proto.v1 import expstore_pb2 as pb
 
@@ -90,3 +90,83 @@ def test_a_client_sends_an_insert_of_one_message_unary_where_the_server_takes_it
     assert len(seen) == 1, seen  # one call, which the scripted server served
     method, messages = seen[0]
     assert method == expected[0] and (messages > 1 if expected[1] == "several" else messages == expected[1]), seen
+
+
+def crowd(n: int) -> list:
+    return [trajectories(8, seed=i, id_prefix=f"c{i}") for i in range(n)]
+
+
+async def _concurrent_inserts(info: pb.ServerInfo, batches: list) -> tuple[list[list[int]], list]:
+    """A warm-up insert, then ``batches`` at once, of one AsyncClient into a scripted
+    server that says ``info``; the parts of each call it served (``[]``: a plain insert),
+    and each insert's answer. The server numbers rows 1, 2, ... as it gets them."""
+    served: list[list[int]] = []
+
+    async def insert(message, context):
+        request, _ = message  # (InsertRequest, its rows' payload)
+        rows = sum(request.parts) if request.parts else 8
+        first = 1 + sum(sum(p) if p else 8 for p in served)
+        served.append(list(request.parts))
+        response = pb.InsertResponse(item_ids=range(first, first + rows), num_inserted=rows)
+        for p in request.parts:
+            response.parts.add(num_inserted=p)
+        return response
+
+    async def server_info(request, context):
+        return info
+
+    handlers = {"InsertUnary": grpc.unary_unary_rpc_method_handler(
+                    insert, request_deserializer=METHODS["InsertUnary"].deserialize_request,
+                    response_serializer=METHODS["InsertUnary"].serialize_response),
+                "GetServerInfo": grpc.unary_unary_rpc_method_handler(
+                    server_info, request_deserializer=METHODS["GetServerInfo"].deserialize_request,
+                    response_serializer=METHODS["GetServerInfo"].serialize_response)}
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{port}", flight=False) as client:
+            await client.insert("t", trajectories(8))
+            answers = await asyncio.gather(*(client.insert("t", b) for b in batches))
+    finally:
+        await server.stop(None)
+    return served, answers
+
+
+def test_inserts_made_while_one_is_on_the_wire_go_as_one_call_of_parts_each_answered_with_its_own_ids():
+    n = merge.WINDOW + 5
+    served, answers = asyncio.run(_concurrent_inserts(pb.ServerInfo(insert_unary=True, insert_parts=True), crowd(n)))
+    # the warm-up; the first WINDOW of the crowd alone; the rest behind them, merged
+    assert served == [[]] * (1 + merge.WINDOW) + [[8] * 5]
+    assert [a.item_ids.tolist() for a in answers] == [list(range(9 + 8 * i, 17 + 8 * i)) for i in range(n)]
+    assert all((a.num_inserted, a.num_duplicates) == (8, 0) for a in answers)
+
+
+def test_a_server_that_takes_no_parts_gets_the_merged_inserts_one_call_each_in_order():
+    n = merge.WINDOW + 5
+    served, answers = asyncio.run(_concurrent_inserts(pb.ServerInfo(insert_unary=True), crowd(n)))
+    assert served == [[]] * (1 + n)
+    assert [a.item_ids.tolist() for a in answers] == [list(range(9 + 8 * i, 17 + 8 * i)) for i in range(n)]
+
+
+def test_each_insert_of_a_merged_call_gets_its_own_answer_or_error():
+    response = pb.InsertResponse(item_ids=[5, 6, 0, 0, 0, 9], num_inserted=2, num_duplicates=1)
+    response.parts.add(num_inserted=2)
+    response.parts.add(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message="table 't': row 1 ...")
+    response.parts.add(num_duplicates=1)
+    ok, bad, again = merge.answers(response, [2, 3, 1])
+    assert ok.item_ids.tolist() == [5, 6] and (ok.num_inserted, ok.num_duplicates) == (2, 0)
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and bad.details() == "table 't': row 1 ..."
+    assert again.item_ids.tolist() == [9] and (again.num_inserted, again.num_duplicates) == (0, 1)
+    with pytest.raises(ValueError):
+        merge.answers(response, [2, 4])
+
+
+def test_an_insert_that_shares_a_traj_id_with_a_group_starts_the_next_group():
+    """A retry of a member's rows in the same call would make the server take the call's
+    inserts one by one; it goes in the next call instead."""
+    a, b, c = crowd(merge.WINDOW + 3)[merge.WINDOW:]
+    batches = crowd(merge.WINDOW) + [a, b, a, c]
+    served, _ = asyncio.run(_concurrent_inserts(pb.ServerInfo(insert_unary=True, insert_parts=True), batches))
+    assert served[1 + merge.WINDOW:] == [[8, 8], [8, 8]]

@@ -210,30 +210,50 @@ class DescribeTableRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class InsertRequest(_message.Message):
-    __slots__ = ("table", "arrow_ipc", "priorities", "timeout_s", "durability")
+    __slots__ = ("table", "arrow_ipc", "priorities", "timeout_s", "durability", "parts", "part_timeouts_s")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     DURABILITY_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    PART_TIMEOUTS_S_FIELD_NUMBER: _ClassVar[int]
     table: str
     arrow_ipc: bytes
     priorities: _containers.RepeatedScalarFieldContainer[float]
     timeout_s: float
     durability: Durability
-    def __init__(self, table: _Optional[str] = ..., arrow_ipc: _Optional[bytes] = ..., priorities: _Optional[_Iterable[float]] = ..., timeout_s: _Optional[float] = ..., durability: _Optional[_Union[Durability, str]] = ...) -> None: ...
+    parts: _containers.RepeatedScalarFieldContainer[int]
+    part_timeouts_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, table: _Optional[str] = ..., arrow_ipc: _Optional[bytes] = ..., priorities: _Optional[_Iterable[float]] = ..., timeout_s: _Optional[float] = ..., durability: _Optional[_Union[Durability, str]] = ..., parts: _Optional[_Iterable[int]] = ..., part_timeouts_s: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class InsertPart(_message.Message):
+    __slots__ = ("num_inserted", "num_duplicates", "num_stale", "code", "message")
+    NUM_INSERTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    NUM_STALE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    num_inserted: int
+    num_duplicates: int
+    num_stale: int
+    code: int
+    message: str
+    def __init__(self, num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ..., num_stale: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
-    __slots__ = ("item_ids", "num_inserted", "num_duplicates", "num_stale")
+    __slots__ = ("item_ids", "num_inserted", "num_duplicates", "num_stale", "parts")
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_INSERTED_FIELD_NUMBER: _ClassVar[int]
     NUM_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     NUM_STALE_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     item_ids: _containers.RepeatedScalarFieldContainer[int]
     num_inserted: int
     num_duplicates: int
     num_stale: int
-    def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ..., num_stale: _Optional[int] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[InsertPart]
+    def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., num_inserted: _Optional[int] = ..., num_duplicates: _Optional[int] = ..., num_stale: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[InsertPart, _Mapping]]] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
     __slots__ = ("table", "batch_size", "timeout_s", "compress", "step", "data_versions")
@@ -516,14 +536,16 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("flight_port", "flight_tls", "insert_unary")
+    __slots__ = ("flight_port", "flight_tls", "insert_unary", "insert_parts")
     FLIGHT_PORT_FIELD_NUMBER: _ClassVar[int]
     FLIGHT_TLS_FIELD_NUMBER: _ClassVar[int]
     INSERT_UNARY_FIELD_NUMBER: _ClassVar[int]
+    INSERT_PARTS_FIELD_NUMBER: _ClassVar[int]
     flight_port: int
     flight_tls: bool
     insert_unary: bool
-    def __init__(self, flight_port: _Optional[int] = ..., flight_tls: _Optional[bool] = ..., insert_unary: _Optional[bool] = ...) -> None: ...
+    insert_parts: bool
+    def __init__(self, flight_port: _Optional[int] = ..., flight_tls: _Optional[bool] = ..., insert_unary: _Optional[bool] = ..., insert_parts: _Optional[bool] = ...) -> None: ...
 
 class FlightTicket(_message.Message):
     __slots__ = ("sample", "stream", "get", "query")
