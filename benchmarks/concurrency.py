@@ -3,7 +3,10 @@
 One fresh expstore server; one trajectory table (uniform, max_size above the load). In
 one event loop, ``producers`` tasks share ``channels`` AsyncClients (task i uses client
 i % channels); each inserts ``calls`` batches of ``rows`` ~300 B rows (fresh traj_ids)
-back to back. All start together; reported: total items/s over the wall time from the
+back to back. The clients are the defaults, which send the small inserts tasks make while
+4 of the table's are on the wire as one call (docs/rpc.md#merged-inserts): the
+Insert calls the server got (``rpcs``, from its audit log) are reported beside the
+producers' inserts. All start together; reported: total items/s over the wall time from the
 start to the last insert, per-insert latency p50/p99/max, errors (any exception), and a
 check that the table holds every row. The same producers then run against the raw gRPC
 server of ``raw_grpc`` (grpc.aio channels, each call one unary ``Put`` of one message
@@ -141,9 +144,11 @@ def run(quick: bool) -> dict:
     shape = dict(producers=1000, channels=8, calls=3 if quick else 10, rows=8)
     with server.start_expstore() as srv:
         out = asyncio.run(_producers(srv.address, **shape))
+        out["rpcs"] = srv.audited_calls("Insert", "conc")
         out["batched"] = asyncio.run(_batched_producers(srv.address, **shape))
     with server.start_expstore() as srv:
         out["10k"] = with_cpu(srv, lambda: asyncio.run(_producers(srv.address, **TEN_K)))
+        out["10k"]["rpcs"] = srv.audited_calls("Insert", "conc")
     with raw_grpc.start() as srv:  # unary calls, as the client sends an insert of one message
         out["raw"] = asyncio.run(_raw_producers(srv.address, **shape, unary=True))
         out["10k"]["raw"] = with_cpu(srv, lambda: asyncio.run(_raw_producers(srv.address, **TEN_K, unary=True)))
@@ -152,6 +157,7 @@ def run(quick: bool) -> dict:
         paced_raw = asyncio.run(_raw_producers(srv.address, **TEN_K, spread_s=spread_s, unary=True))
     with server.start_expstore() as srv:
         out["10k_paced"] = asyncio.run(_producers(srv.address, **TEN_K, spread_s=spread_s))
+        out["10k_paced"]["rpcs"] = srv.audited_calls("Insert", "conc")
     out["10k_paced"].update(raw=paced_raw, spread_s=spread_s, offered_calls_per_s=TEN_K["producers"] / spread_s)
     return out
 

@@ -3,17 +3,20 @@
 ``start`` runs ``python -m expstore_server.main --port 0 --data-dir D`` (or any module
 that, like it, prints ``<banner> HOST:PORT`` as its first stdout line) and returns once the
 address is known, the way tests/conftest.py starts its servers. ``rss_bytes`` reads the
-process's resident set (VmRSS) from /proc.
+process's resident set (VmRSS) from /proc; ``audited_calls`` counts an expstore server's
+calls in its audit log.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 
 EXPSTORE_BANNER = "expstore-server listening on "
@@ -32,6 +35,14 @@ class ServerProcess:
 
     def rss_bytes(self) -> int:
         return rss_bytes(self.proc.pid)
+
+    def audited_calls(self, method: str, table: str) -> int:
+        """Calls of ``method`` on ``table`` in an expstore server's audit log (the writer
+        appends within ~10 ms: read after the calls have ended)."""
+        time.sleep(0.2)
+        path = os.path.join(self.tmp.name, "data", "audit.jsonl")
+        with open(path) as f:
+            return sum(1 for line in f if (e := json.loads(line))["method"] == method and e["table"] == table)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc.poll() is None:
