@@ -35,7 +35,7 @@ from ._codec import InsertResult, PriorityUpdate, Reservation, TableInfo
 from ._flight import FlightPath
 from .batch import SampleBatch
 from .batcher import InsertBatcher
-from .merge import Group, InsertMerger, Member
+from .merge import Group, InsertMerger, Member, settle
 
 DEFAULT_TIMEOUT = 30.0
 MESSAGE_BYTES = 8 << 20
@@ -259,7 +259,7 @@ class AsyncClient:
             group.started.set_result(None)
             self._merger.ended(group.table)
             for m in members:
-                _settle(m.future, error=e)
+                settle(m.future, error=e)
             raise
         group.started.set_result(None)
         try:
@@ -300,9 +300,9 @@ class AsyncClient:
             raise
         for m, answer in zip(members, answers):
             if isinstance(answer, Exception):
-                _settle(m.future, error=answer)
+                settle(m.future, error=answer)
             else:
-                _settle(m.future, answer)
+                settle(m.future, answer)
 
     async def _flight_insert(self, path: FlightPath, request: pb.InsertRequest, arrow: pa.Table, table: str,
                              data: Any, priorities, timeout: float, durability: str | None) -> InsertResult:
@@ -702,13 +702,3 @@ def _at_least(data: pa.Table, nbytes: int) -> bool:
     smaller: ``nbytes`` costs ~3 us a column. (Buffers shared by columns count once in the
     total: such rows may go over gRPC, which splits them as any other.)"""
     return data.get_total_buffer_size() >= nbytes and data.nbytes >= nbytes
-
-
-def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    """Answer a merged insert's caller, unless it went away."""
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _codec
+from .merge import settle
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
@@ -90,22 +91,13 @@ class InsertBatcher:
                 await asyncio.gather(*(self._send([one]) for one in batch))  # find the bad caller
                 return
             for _, _, done in batch:
-                _settle(done, error=e)
+                settle(done, error=e)
             return
         start = 0
         for rows, _, done in batch:
-            _settle(done, ids[start:start + rows.num_rows])
+            settle(done, ids[start:start + rows.num_rows])
             start += rows.num_rows
 
     async def _insert(self, rows: pa.Table, priorities: np.ndarray) -> np.ndarray:
         self.calls += 1
         return (await self._client.insert(self.table, rows, priorities=priorities, timeout=self.timeout)).item_ids
-
-
-def _settle(done: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    if done.done():  # the caller was cancelled
-        return
-    if error is not None:
-        done.set_exception(error)
-    else:
-        done.set_result(result)

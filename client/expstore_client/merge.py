@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
 import numpy as np
@@ -222,3 +222,13 @@ def answers(response: pb.InsertResponse, sizes: list[int]) -> list[InsertResult 
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}  # the wire's numbers
+
+
+def settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Answer a caller waiting on ``future`` (its result, or ``error``), unless it went away."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
