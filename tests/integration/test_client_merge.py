@@ -5,6 +5,7 @@ its duplicates, its own error; and the table's inserts keep the order they were 
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 
 import grpc
@@ -111,3 +112,26 @@ def test_a_caller_that_goes_away_leaves_the_others_answered(shared_server, clien
     results = asyncio.run(run())
     assert isinstance(results[10], asyncio.CancelledError)
     assert all(r.num_inserted == 4 for i, r in enumerate(results) if i != 10)
+
+
+def test_closing_a_client_answers_its_waiting_merged_inserts_and_leaves_no_error_unretrieved(shared_server, client,
+                                                                                              table_name):
+    client.create_table(table_name, sampler="uniform")
+    reported = []
+
+    async def run():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+        c = AsyncClient(shared_server.address, flight=False)
+        await c.insert(table_name, trajectories(1, id_prefix=f"{table_name}-warm-"))
+        tasks = [asyncio.ensure_future(c.insert(table_name, trajectories(2, id_prefix=f"{table_name}-c{i}")))
+                 for i in range(20)]
+        await asyncio.sleep(0)  # 4 on the wire, the rest in a group behind them
+        await c.close()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        gc.collect()  # a task whose error nobody retrieved reports it as it goes
+        await asyncio.sleep(0)
+        return results
+
+    results = asyncio.run(run())
+    assert all(isinstance(r, BaseException) or r.num_inserted == 2 for r in results)
+    assert not reported, reported
