@@ -199,8 +199,7 @@ class AsyncClient:
                     return answer
             place = self._merger.alone(table, small)
             try:
-                schema = None if isinstance(data, (pa.Table, pa.RecordBatch)) else await self.schema(table)
-                arrow = _codec.to_arrow(data, schema)
+                arrow = rows if rows is not None else _codec.to_arrow(data, await self.schema(table))
                 requests = _codec.insert_requests(table, arrow, priorities, timeout, durability, compress,
                                                   self.message_bytes)  # checks the arguments
                 big = flight and not compress and _at_least(arrow, self.flight_min_bytes)
@@ -278,14 +277,7 @@ class AsyncClient:
         requests = _codec.insert_requests(group.table, rows, priorities, timeout, group.durability, False,
                                           self.message_bytes, parts, timeouts if parts else ())
         send, request = self._insert_call(info, *_codec.only_message(requests))
-        seq, metadata = self._inserts.numbered()
-        try:
-            call = send(request, timeout=self._deadline(timeout), metadata=metadata)
-        except BaseException:
-            self._inserts.ended(seq)
-            raise
-        call.add_done_callback(lambda _: self._inserts.ended(seq))
-        return call
+        return self._inserts.start(lambda metadata: send(request, timeout=self._deadline(timeout), metadata=metadata))
 
     @staticmethod
     async def _answer(members: list[Member], call) -> None:
@@ -649,10 +641,16 @@ class _InOrder:
                     break  # the call itself reports the timeout
                 state = self._channel.get_state(try_to_connect=True)
 
-    def numbered(self) -> tuple[int, tuple[tuple[str, str], ...]]:
-        """The next call's number and the metadata that carries it."""
+    def start(self, make_call: Callable[[tuple], Any]):
+        """Start a call now (``make_call(metadata)``), numbered next; its number ends with it."""
         seq, self._next = self._next, self._next + 1
-        return seq, self._metadata + ((ORDER_KEY, f"{self._origin}:{seq}:{self._low}"),)
+        try:
+            call = make_call(self._metadata + ((ORDER_KEY, f"{self._origin}:{seq}:{self._low}"),))
+        except BaseException:
+            self.ended(seq)
+            raise
+        call.add_done_callback(lambda _: self.ended(seq))
+        return call
 
     def ended(self, seq: int) -> None:
         self._ended.add(seq)
@@ -671,16 +669,7 @@ class _Start:
         if self._previous is not None and not self._previous.done():
             await asyncio.shield(self._previous)  # not cancelled if this call is: __aexit__ waits on it
         await self._order.connected(timeout)
-        if make_call is None:
-            return None
-        seq, metadata = self._order.numbered()
-        try:
-            call = make_call(metadata)
-        except BaseException:
-            self._order.ended(seq)
-            raise
-        call.add_done_callback(lambda _: self._order.ended(seq))
-        return call
+        return None if make_call is None else self._order.start(make_call)
 
     async def __aenter__(self) -> "_Start":
         return self

@@ -12,7 +12,7 @@ from expstore_proto import arrow_ipc, ipc_size
 from expstore_proto.messages import message_to_dict
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore.spec import TableSpec
-from expstore.table import Rows, Table
+from expstore.table import InsertResult, Rows, Table
 
 from . import frames
 
@@ -74,6 +74,12 @@ def version_ranges(ranges) -> dict[str, tuple[int | None, int | None]] | None:
         return None
     return {task: (r.min if r.HasField("min") else None, r.max if r.HasField("max") else None)
             for task, r in ranges.items()}
+
+
+def insert_response(result: InsertResult) -> pb.InsertResponse:
+    """What an insert did (gRPC's Insert and Flight's DoPut answer alike)."""
+    return pb.InsertResponse(item_ids=result.item_ids.tolist(), num_inserted=result.num_inserted,
+                             num_duplicates=result.num_duplicates, num_stale=result.num_stale)
 
 
 def table_info(table: Table) -> pb.TableInfo:

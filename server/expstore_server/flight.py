@@ -166,8 +166,7 @@ class FlightService(fl.FlightServerBase):
             table.abandon_insert(prep)
             raise
         call.detail = f"rows={prep.num_rows} inserted={result.num_inserted} duplicates={result.num_duplicates}"
-        return pb.InsertResponse(item_ids=result.item_ids, num_inserted=result.num_inserted,
-                                 num_duplicates=result.num_duplicates, num_stale=result.num_stale)
+        return convert.insert_response(result)
 
     def _sample(self, request: pb.SampleRequest, call, context) -> Rows:
         table = self._servicer.store.table(request.table)

@@ -346,8 +346,7 @@ class Servicer:
                               self._alone(table, parts, priorities, durability, origin, first.timeout_s, context))
             result = await self._inserts.insert(table, pending, arrival, wait_s)
             call.detail = f"rows={len(priorities)} inserted={result.num_inserted} duplicates={result.num_duplicates}"
-            return pb.InsertResponse(item_ids=result.item_ids.tolist(), num_inserted=result.num_inserted,
-                                     num_duplicates=result.num_duplicates, num_stale=result.num_stale)
+            return convert.insert_response(result)
         sizes = list(first.parts)
         if len(sizes) > MAX_INSERT_PARTS:
             raise InvalidArgument(f"table {first.table!r}: a call carries at most {MAX_INSERT_PARTS} inserts "
