@@ -5,6 +5,7 @@ server takes it (``ServerInfo.insert_unary``), one of several as a streaming Ins
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import pytest
@@ -32,6 +33,25 @@ def test_one_message_goes_alone_and_several_go_as_a_stream_in_order():
     assert only is None and list(rest) == []  # the server's error: no message
 
 
+@contextlib.asynccontextmanager
+async def _scripted_server(behaviours: dict):
+    """A grpc.aio server of the ExperienceStore service that serves the methods named in
+    ``behaviours`` by those coroutines (any other is UNIMPLEMENTED); its address."""
+    handlers = {}
+    for name, behaviour in behaviours.items():
+        make = grpc.stream_unary_rpc_method_handler if name == "Insert" else grpc.unary_unary_rpc_method_handler
+        handlers[name] = make(behaviour, request_deserializer=METHODS[name].deserialize_request,
+                              response_serializer=METHODS[name].serialize_response)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
 async def _insert_into_a_server_serving(methods: list[str], message_bytes: int,
                                         info: pb.ServerInfo | None = None) -> list[tuple[str, int]]:
     """An AsyncClient's insert of 8 rows into a scripted server that serves ``methods``
@@ -50,27 +70,11 @@ async def _insert_into_a_server_serving(methods: list[str], message_bytes: int,
     async def server_info(request, context):
         return info
 
-    behaviours = {"InsertUnary": (grpc.unary_unary_rpc_method_handler, unary),
-                  "Insert": (grpc.stream_unary_rpc_method_handler, stream),
-                  "GetServerInfo": (grpc.unary_unary_rpc_method_handler, server_info)}
+    behaviours = {"InsertUnary": unary, "Insert": stream, "GetServerInfo": server_info}
     served = methods + (["GetServerInfo"] if info is not None else [])
-    handlers = {}
-    for name in served:
-        make, behaviour = behaviours[name]
-        handlers[name] = make(behaviour, request_deserializer=METHODS[name].deserialize_request,
-                              response_serializer=METHODS[name].serialize_response)
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        client = AsyncClient(f"127.0.0.1:{port}", flight=False, message_bytes=message_bytes)
-        try:
+    async with _scripted_server({name: behaviours[name] for name in served}) as address:
+        async with AsyncClient(address, flight=False, message_bytes=message_bytes) as client:
             await client.insert("t", trajectories(8))
-        finally:
-            await client.close()
-    finally:
-        await server.stop(None)
     return seen
 
 
@@ -115,22 +119,10 @@ async def _concurrent_inserts(info: pb.ServerInfo, batches: list) -> tuple[list[
     async def server_info(request, context):
         return info
 
-    handlers = {"InsertUnary": grpc.unary_unary_rpc_method_handler(
-                    insert, request_deserializer=METHODS["InsertUnary"].deserialize_request,
-                    response_serializer=METHODS["InsertUnary"].serialize_response),
-                "GetServerInfo": grpc.unary_unary_rpc_method_handler(
-                    server_info, request_deserializer=METHODS["GetServerInfo"].deserialize_request,
-                    response_serializer=METHODS["GetServerInfo"].serialize_response)}
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with AsyncClient(f"127.0.0.1:{port}", flight=False) as client:
+    async with _scripted_server({"InsertUnary": insert, "GetServerInfo": server_info}) as address:
+        async with AsyncClient(address, flight=False) as client:
             await client.insert("t", trajectories(8))
             answers = await asyncio.gather(*(client.insert("t", b) for b in batches))
-    finally:
-        await server.stop(None)
     return served, answers
 
 
