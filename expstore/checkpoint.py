@@ -2,7 +2,7 @@
 
 A checkpoint is the prefix ``<remote>/checkpoints/<name>/``::
 
-    rocksdb/...              a RocksDB checkpoint of the data dir
+    rocksdb/...              a RocksDB checkpoint of the data dir, its chunk files in rocksdb/blocks/
     tables/<t>.lance/...     each remote dataset (a table's chunks, its archive) as it was
                              at that instant, as a Lance dataset of its own
     checkpoint.json          the format, the remote tier it was taken from, its datasets

@@ -47,17 +47,18 @@ def block_checksum(data) -> int:
     return CHECKSUMS[BLOCK_CHECKSUM](data)
 
 
-def encode_block(batch: pa.RecordBatch) -> bytes:
-    """One batch without its schema, as an IPC record batch message."""
-    return batch.serialize().to_pybytes()
+def encode_block(batch: pa.RecordBatch) -> pa.Buffer:
+    """One batch without its schema, as an IPC record batch message (a buffer: a file
+    write takes it as it is, a RocksDB value copies it into bytes)."""
+    return batch.serialize()
 
 
-def decode_block(data: bytes, schema: pa.Schema, what: str, checksum: int | None = None,
+def decode_block(data, schema: pa.Schema, what: str, checksum: int | None = None,
                  algorithm: str = BLOCK_CHECKSUM) -> pa.RecordBatch:
-    """The batch of a block (either format), checked against ``checksum`` (what its writer
+    """The batch of a block (either format; bytes-like), checked against ``checksum`` (what its writer
     recorded, computed by ``algorithm``, a key of CHECKSUMS; legacy blocks carry their own
     CRC32); DataLoss naming ``what`` if it does not match or does not decode."""
-    if data[:4] == LEGACY_BLOCK_MAGIC:
+    if memoryview(data)[:4] == LEGACY_BLOCK_MAGIC:
         message = _legacy_body(data, what)
     else:
         if checksum is not None and CHECKSUMS[algorithm](data) != checksum:

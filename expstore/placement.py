@@ -114,8 +114,7 @@ class Placement:
             batch = prefixes.share(batch)
         staged = Staged(chunk_id, batch, volatile=durability == "memory")
         if self.ssd is not None:
-            wb, staged.layout = self.ssd.encode(staged.chunk_id, batch)
-            self.ssd.db.write(wb, durability, grows=staged.layout.stored)
+            staged.layout = self.ssd.write(staged.chunk_id, batch, durability)
         return staged
 
     def add(self, staged: Staged) -> None:

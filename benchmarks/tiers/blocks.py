@@ -60,7 +60,7 @@ def bench_codec(quick: bool) -> dict:
             if unit == "batch":  # a self-describing IPC stream
                 encode, decode = _ipc_stream, _read_ipc_stream
             else:  # the SSD tier's blocks: record batch messages, the schema kept once per chunk
-                encode = codec.encode_block
+                encode = lambda p: codec.encode_block(p).to_pybytes()  # noqa: E731 - RocksDB values are bytes
                 decode = lambda e: codec.decode_block(e, rb.schema, "bench", codec.block_checksum(e))  # noqa: E731
             enc = [encode(p) for p in parts]
             t_enc = min(_timed(lambda: [encode(p) for p in parts], reps))

@@ -118,7 +118,7 @@ def bench_insert(tmp: Path, quick: bool) -> dict:
     for size, tokens in SIZES.items():
         data = pool() if tokens == TOKENS else [realistic(BATCH, tokens=tokens, seed=s, prefix=f"s{s}") for s in range(4)]
         batches = [_batch(t) for t in data]
-        encoded = [[codec.encode_block(b) for b in blocks(rb)] for rb in batches]
+        encoded = [[codec.encode_block(b).to_pybytes() for b in blocks(rb)] for rb in batches]
         arrow = float(np.mean([t.nbytes for t in data]))
         stored = float(np.mean([sum(map(len, e)) for e in encoded]))
         rounds, n = (1, 5) if quick else (3, 12)

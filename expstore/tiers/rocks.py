@@ -9,6 +9,10 @@ One database per server, shared by its tables, in column families::
     chunks             the same keys as chunks.<table id>: chunks written before tables had
                        families of their own (read, deleted, never written)
 
+and, in ``BLOCKS_DIR`` of the RocksDB directory, ``<table id>/<chunk id>.blocks``: the
+blocks of each chunk of at least FILE_BYTES, in a file of its own (files.py), whose meta
+value records where each block is; RocksDB then holds no block of it.
+
 Each table's chunks have a column family of their own, so its blob files hold its values
 only: DropTable drops the family and RocksDB deletes its files at once, however large,
 instead of compacting them away (a blob file shared with another table would stay until
@@ -23,8 +27,10 @@ costs its block's bytes (blob read, LZ4, copy: ~750 MB/s here). Measured on 256 
 36 KiB: one-row blocks 36 ms to encode, 13 ms to read 256 random rows; two-row blocks
 (72 KiB) 18 ms and 23 ms; 8-row blocks 7 ms and 65 ms. A chunk stored with shared prompt
 prefixes (prefixes.py) keeps them in each block that uses them (``prefixes.compact``): a
-block is read on its own. Blocks are Arrow IPC messages as they are (``codec``): values of at
-least MIN_BLOB_BYTES go to RocksDB's blob files, which keep them out of compactions and
+block is read on its own. Blocks are Arrow IPC messages as they are (``codec``). A chunk
+of at least FILE_BYTES (256 rows of 4 KiB) goes to a file of its own (files.py says why:
+RocksDB's log write costs ~8x a file write here, with the GIL held); in a smaller one,
+values of at least MIN_BLOB_BYTES go to RocksDB's blob files, which keep them out of compactions and
 compress them (LZ4) when a memtable is flushed, in RocksDB's background threads, so an
 insert pays only the write-ahead log and the memtable. LZ4, not zstd: measured here on
 realistic tokens, zstd (level 3 in blob files) stored 0.67 of the Arrow bytes for ~40 ms
@@ -36,16 +42,17 @@ until RocksDB flushes), ``wal`` appends to the log (survives a killed process), 
 also syncs the log: ``Database.sync`` makes every write before it durable, and concurrent
 callers share one fsync (group commit: one of them syncs for all who are waiting).
 
-Cost of a write, measured here (one chunk of 256 x 36 KiB rows, 9.7 MB): 15-20 ms at
-``wal``, of which ~1.4 ms without the log (the memtable): rocksdict 0.3.29's RocksDB
-computes the log records' CRC32C in software (perf: table-driven ``crc32c::Extend``, ~15%
-of a write benchmark's CPU; the flush computes it again for the blob file), and a plain
-write() of the same bytes takes 3-13 ms. rocksdict holds the GIL throughout a write, so
-no other Python thread runs meanwhile: encoding the next chunk on a second thread while
-one is written made inserts slower (35 -> 42 ms and 29 -> 70 ms a chunk, 2 cores), and
-commits are not pipelined for that reason.
+Cost of a RocksDB write, measured here (one chunk of 256 x 36 KiB rows, 9.7 MB): 15-20 ms
+at ``wal``, of which ~3 ms without the log (the memtable): rocksdict 0.3.29's RocksDB
+computes the log records' CRC32C in software (perf: table-driven ``crc32c::Extend``, 33%
+of a write benchmark's CPU; the flush computes it again for the blob file), where a
+``writev`` of the same bytes into a file takes ~2 ms: so such chunks go to files. rocksdict
+holds the GIL throughout a write, so no other Python thread runs meanwhile: encoding the
+next chunk on a second thread while one is written made inserts slower (35 -> 42 ms and
+29 -> 70 ms a chunk, 2 cores), and commits are not pipelined for that reason.
 
-Space: a blob file (one memtable flush of one table's chunks) is deleted once every chunk
+Space: a chunk file is deleted with its chunk (after its keys). A blob file (one memtable
+flush of one table's chunks) is deleted once every chunk
 in it is deleted (and a compaction has dropped their keys): the oldest chunks leave first
 under the default remover, so whole files go; a chunk kept among dead ones keeps its
 file (there is no blob garbage collection, which rewrote live blobs at every compaction).
@@ -73,7 +80,8 @@ that meets one raises DataLoss instead of ending early, so a reader never mistak
 damaged range for its end.
 
 Disk space: RocksDB stops taking writes for good (until reopened) once a write or a flush
-meets a full disk, so writes that store data (``write(..., grows=n)``) are refused first,
+meets a full disk, so writes that store data (``write(..., grows=n)``, ``growing``: a chunk
+file and its meta key) are refused first,
 while the disk still has room for them twice (the log now, a blob or SST file at the
 flush) and for the flush of every memtable, plus ``min_free_bytes``. Deletes are never
 refused, and ``reclaim`` gives their space back at once: a dropped table's keys would
@@ -82,6 +90,7 @@ otherwise hold their log files, SST files and blob files until later compactions
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import gc
@@ -89,7 +98,7 @@ import os
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -99,6 +108,7 @@ from rocksdict import (BlockBasedOptions, Cache, Checkpoint, CompactOptions, DBC
 from .. import codec, prefixes
 from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from .base import UNBOUNDED
+from .files import ChunkFiles, link_all
 
 COLUMN_FAMILIES = ("chunks", "journal", "meta")
 CHUNK_FAMILY = "chunks."  # + table id: a table's chunks
@@ -107,6 +117,9 @@ BLOCK_BYTES = 64 << 10
 # Chunk meta values with block checksums start with a magic naming the checksum (the
 # legacy ones, whose blocks carry their own, start with a count): EXM3 CRC32C, EXM2 CRC32.
 META_MAGICS = {"crc32c": b"EXM3", "crc32": b"EXM2"}
+FILE_META_MAGIC = b"EXF3"  # CRC32C, and the blocks are in the chunk's file (files.py)
+FILE_BYTES = 1 << 20  # chunks of at least this many Arrow bytes are stored in a file of their own
+BLOCKS_DIR = "blocks"  # in the RocksDB directory: the chunk files, a directory per table id
 MIN_BLOB_BYTES = 4096  # chunk values at least this large live in blob files
 MEMTABLE_BYTES = 256 << 20  # default budget of all write buffers together
 CACHE_BYTES = 64 << 20  # default size of the block cache
@@ -174,6 +187,8 @@ class Database:
             w.disable_wal = level == "memory"
             self._write_options[level] = w
         self._space = threading.Lock()  # one growing write at a time between check and write
+        self._removing = threading.Lock()  # chunk files are deleted, or linked into a checkpoint
+        self.blocks = rocks / BLOCKS_DIR
         self._compacting = threading.Lock()  # close waits for a reclaim in progress
         self._group_commit = threading.Condition()
         self._sync_tickets = 0  # sync calls so far
@@ -212,6 +227,10 @@ class Database:
                 raise _translate(e, f"dropping column family {name}") from None
             gc.collect()  # RocksDB deletes the files once the last handle object is gone
 
+    def chunk_files(self, table_id: int) -> ChunkFiles:
+        """The files of table ``table_id``'s large chunks (files.py)."""
+        return ChunkFiles(self.blocks / str(table_id), self._removing)
+
     def write(self, batch: WriteBatch, durability: str = "wal", *, grows: int = 0) -> None:
         """Apply ``batch`` at ``durability``. A batch that stores data passes the ``grows``
         bytes it adds: it is refused (RESOURCE_EXHAUSTED, nothing written) unless the
@@ -219,9 +238,16 @@ class Database:
         if not grows:
             self._write(batch, durability)
             return
-        with self._space:
-            self.check_free_space(grows)
+        with self.growing(grows):
             self._write(batch, durability)
+
+    @contextlib.contextmanager
+    def growing(self, nbytes: int) -> Iterator[None]:
+        """Hold the room for writes of ``nbytes`` made inside: RESOURCE_EXHAUSTED (before
+        anything is written) unless the disk has it; growing writes go one at a time."""
+        with self._space:
+            self.check_free_space(nbytes)
+            yield
 
     def _write(self, batch: WriteBatch, durability: str) -> None:
         try:
@@ -351,15 +377,17 @@ class Database:
 
     def checkpoint(self, path: str | Path) -> None:
         """A consistent copy of the database at ``path``, a directory that must not exist
-        yet (hard links to the SST files). RocksDB flushes the memtables first, and
+        yet (hard links to the SST files, and to the chunk files in ``BLOCKS_DIR``). RocksDB flushes the memtables first, and
         rocksdict's ``create_checkpoint`` holds the GIL throughout (every other thread
         stopped 390 ms for a 38 MB memtable), so ``flush`` runs first: the flush inside
         then finds next to nothing (measured: 3-40 ms in all)."""
         self.flush()
-        try:
-            Checkpoint(self._db).create_checkpoint(str(path))
-        except Exception as e:
-            raise _translate(e, f"taking a checkpoint of the SSD tier into {path}") from None
+        with self._removing:  # every chunk file a meta key in the checkpoint names is linked
+            try:
+                Checkpoint(self._db).create_checkpoint(str(path))
+                link_all(self.blocks, Path(path) / BLOCKS_DIR)
+            except Exception as e:
+                raise _translate(e, f"taking a checkpoint of the SSD tier into {path}") from None
 
     def free_bytes(self) -> int:
         st = os.statvfs(self.path)
@@ -478,7 +506,8 @@ def _translate(e: Exception, doing: str) -> Exception:
 class Layout:
     """How a chunk is stored: the row offsets of its blocks, each block's checksum (None
     for blocks of the legacy format, which carry their own) and what computed them (a key
-    of ``codec.CHECKSUMS``), stored and Arrow bytes, schema."""
+    of ``codec.CHECKSUMS``), stored and Arrow bytes, schema, and where its blocks are:
+    RocksDB values, or (``positions``: each block's byte bounds) the chunk's file."""
 
     offsets: np.ndarray
     checksums: np.ndarray | None
@@ -486,22 +515,30 @@ class Layout:
     arrow: int
     schema: pa.Schema
     algorithm: str = codec.BLOCK_CHECKSUM
+    positions: np.ndarray | None = None
+
+    @property
+    def in_file(self) -> bool:
+        return self.positions is not None
 
     def encode(self) -> bytes:
-        """The chunk's meta value: ``magic (META_MAGICS[algorithm]) | blocks + 1 (4) | row
-        offsets (8 each) | checksum of each block (4 each) | stored bytes (8) | Arrow bytes
-        (8) | schema``."""
-        return META_MAGICS[self.algorithm] + len(self.offsets).to_bytes(4, "little") + \
-            self.offsets.astype("<i8").tobytes() + \
-            self.checksums.astype("<u4").tobytes() + self.stored.to_bytes(8, "little") + \
-            self.arrow.to_bytes(8, "little") + self.schema.serialize().to_pybytes()
+        """The chunk's meta value: ``magic (META_MAGICS[algorithm], or FILE_META_MAGIC) |
+        blocks + 1 (4) | row offsets (8 each) | checksum of each block (4 each) | [byte
+        position of each block in the file, and its end (8 each)] | stored bytes (8) |
+        Arrow bytes (8) | schema``."""
+        magic = FILE_META_MAGIC if self.in_file else META_MAGICS[self.algorithm]
+        return magic + len(self.offsets).to_bytes(4, "little") + self.offsets.astype("<i8").tobytes() + \
+            self.checksums.astype("<u4").tobytes() + \
+            (self.positions.astype("<i8").tobytes() if self.in_file else b"") + \
+            self.stored.to_bytes(8, "little") + self.arrow.to_bytes(8, "little") + self.schema.serialize().to_pybytes()
 
     @classmethod
     def decode(cls, meta: bytes) -> "Layout":
-        """Any format: ``encode``'s (either magic), or the legacy one (no magic, no
+        """Any format: ``encode``'s (any magic), or the legacy one (no magic, no
         checksums: its blocks carry theirs), which starts with the offsets' count."""
-        at, n, checksums = 0, int.from_bytes(meta[:4], "little"), None
-        algorithm = next((name for name, magic in META_MAGICS.items() if meta[:4] == magic), None)
+        at, n, checksums, positions = 0, int.from_bytes(meta[:4], "little"), None, None
+        in_file = meta[:4] == FILE_META_MAGIC
+        algorithm = "crc32c" if in_file else next((a for a, magic in META_MAGICS.items() if meta[:4] == magic), None)
         if algorithm is not None:
             at, n = 4, int.from_bytes(meta[4:8], "little")
         offsets = np.frombuffer(meta, dtype="<i8", count=n, offset=at + 4)
@@ -509,9 +546,12 @@ class Layout:
         if at:
             checksums = np.frombuffer(meta, dtype="<u4", count=n - 1, offset=end)
             end += 4 * (n - 1)
+        if in_file:
+            positions = np.frombuffer(meta, dtype="<i8", count=n, offset=end)
+            end += 8 * n
         return cls(offsets, checksums, int.from_bytes(meta[end:end + 8], "little"),
                    int.from_bytes(meta[end + 8:end + 16], "little"), pa.ipc.read_schema(pa.py_buffer(meta[end + 16:])),
-                   algorithm or codec.BLOCK_CHECKSUM)
+                   algorithm or codec.BLOCK_CHECKSUM, positions)
 
 
 def block_offsets(rows: int, arrow_bytes: int) -> np.ndarray:
@@ -557,6 +597,7 @@ class RocksTier:
         self._nbytes = self.stored_nbytes = 0
         self.table_id = table_id
         self._cf = db.family(f"{CHUNK_FAMILY}{table_id}")
+        self._files = db.chunk_files(table_id)  # the blocks of chunks of at least FILE_BYTES
         self._legacy: set[int] = set()  # chunks in the shared (legacy) family
         self._has_legacy = db.last_key("chunks", self._prefix) is not None  # one seek
 
@@ -594,30 +635,57 @@ class RocksTier:
         return list(self._layouts)
 
     def put(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "wal") -> None:
-        wb, layout = self.encode(chunk_id, batch)
-        self.db.write(wb, durability)
-        self.commit_put(chunk_id, layout)
+        self.commit_put(chunk_id, self.write(chunk_id, batch, durability))
+
+    def write(self, chunk_id: int, batch: pa.RecordBatch, durability: str = "wal") -> Layout:
+        """Store a chunk at ``durability`` (not held yet: ``commit_put``); RESOURCE_EXHAUSTED,
+        nothing stored, unless the disk has room for it. A chunk of at least FILE_BYTES
+        goes to a file of its own (files.py), then its meta key to RocksDB; a smaller one
+        is one RocksDB write (``encode``)."""
+        if batch.get_total_buffer_size() < FILE_BYTES:
+            wb, layout = self.encode(chunk_id, batch)
+            self.db.write(wb, durability, grows=layout.stored)
+            return layout
+        layout, blocks = self._blocks(batch)
+        positions = np.cumsum([0, *map(len, blocks)], dtype=np.int64)
+        layout = replace(layout, positions=positions)
+        wb = WriteBatch(raw_mode=True)
+        wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), self.db.handle[self._cf])
+        with self.db.growing(layout.stored):
+            try:
+                self._files.write(chunk_id, blocks, sync=durability == "fsync")
+            except OSError as e:
+                raise _translate(e, f"writing {self._files.path(chunk_id)}") from None
+            try:
+                self.db.write(wb, durability)
+            except BaseException:
+                self._files.delete([chunk_id])
+                raise
+        return layout
 
     def encode(self, chunk_id: int, batch: pa.RecordBatch) -> tuple[WriteBatch, Layout]:
-        """The write batch storing a chunk, for callers that write it with other keys:
-        its blocks (IPC messages, one copy of the rows) and its meta value, which holds
-        each block's checksum (``codec.block_checksum``), checked when the block is read
-        (RocksDB checks its own on the stored bytes; this one covers the way from here to
-        there)."""
-        arrow_bytes = batch.get_total_buffer_size()
-        offsets = block_offsets(batch.num_rows, arrow_bytes)
-        checksums = np.empty(len(offsets) - 1, np.uint32)
+        """The write batch storing a chunk in RocksDB alone: its blocks (IPC messages, one
+        copy of the rows) and its meta value (``Layout``)."""
+        layout, blocks = self._blocks(batch)
         wb = WriteBatch(raw_mode=True)
-        size = 0
         h = self.db.handle[self._cf]
-        for b, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
-            value = codec.encode_block(prefixes.compact(batch.slice(lo, hi - lo)))
-            checksums[b] = codec.block_checksum(value)
-            wb.put(self.block_key(chunk_id, b), value, h)
-            size += len(value)
-        layout = Layout(offsets, checksums, size, arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM)
+        for b, value in enumerate(blocks):
+            wb.put(self.block_key(chunk_id, b), value.to_pybytes(), h)
         wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), h)
         return wb, layout
+
+    @staticmethod
+    def _blocks(batch: pa.RecordBatch) -> tuple[Layout, list[pa.Buffer]]:
+        """A chunk's blocks (``block_offsets``), and its layout, which holds each block's
+        checksum (``codec.block_checksum``), checked when the block is read: RocksDB
+        checks its own on the stored bytes; this one covers the way from here to there,
+        and is the only one of a chunk file."""
+        arrow_bytes = batch.get_total_buffer_size()
+        offsets = block_offsets(batch.num_rows, arrow_bytes)
+        blocks = [codec.encode_block(prefixes.compact(batch.slice(lo, hi - lo)))
+                  for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        checksums = np.fromiter(map(codec.block_checksum, blocks), np.uint32, len(blocks))
+        return Layout(offsets, checksums, sum(map(len, blocks)), arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM), blocks
 
     def commit_put(self, chunk_id: int, layout: Layout) -> None:
         """Hold a chunk whose keys are written (``encode``'s layout, or one read back)."""
@@ -676,18 +744,24 @@ class RocksTier:
         return dict(zip(wanted, batches)), keys, local
 
     def delete(self, chunk_ids: Iterable[int]) -> None:
-        """Delete chunks. Those of a column family already dropped (an insert abandoned
+        """Delete chunks: their keys, then their files (a chunk not read since a restart
+        may have one). Those of a column family already dropped (an insert abandoned
         after DropTable took its table's family) went with it: only forgotten."""
         wb = WriteBatch(raw_mode=True)
-        gone, writes = [], False
+        gone, files, writes = [], [], False
         for c in chunk_ids:
             family = self.db.handle.get(self._family_of(c))
             if family is not None:
                 wb.delete_range(self.block_key(c, 0), self.block_key(c + 1, 0), family)
                 writes = True
             gone.append(c)
+            layout = self._layouts.get(c)
+            if layout is None or layout.in_file:
+                files.append(c)
         if writes:
             self.db.write(wb, "wal")
+        if files:
+            self._files.delete(files)
         for c in gone:
             self._forget(c)
 
@@ -696,6 +770,7 @@ class RocksTier:
         them: its column family is dropped (its files go at once) and its range of the
         legacy family deleted (``Database.reclaim`` gives that space back)."""
         self.db.drop_family(self._cf)
+        self._files.delete_all()
         if self._has_legacy:
             wb = WriteBatch(raw_mode=True)
             wb.delete_range(self._prefix, table_prefix(self.table_id + 1), self.db.handle["chunks"])
@@ -739,19 +814,27 @@ class RocksTier:
         return missing
 
     def last_chunk_id(self) -> int | None:
-        """The greatest chunk id with any key (one seek), or None."""
+        """The greatest chunk id with any key (one seek) or file, or None."""
         keys = [self.db.last_key(cf, self._prefix) for cf in self._families()]
-        return max((int.from_bytes(k[4:12], "big") for k in keys if k is not None), default=None)
+        return max([*(int.from_bytes(k[4:12], "big") for k in keys if k is not None), *self._files.chunk_ids()],
+                   default=None)
 
     def stored_chunks(self) -> list[int]:
-        """Every chunk id with a meta key (orphans included), for garbage collection."""
-        return [int.from_bytes(k[4:12], "big") for cf in self._families() for k, _ in self.db.items(cf, self._prefix)
-                if k[12:] == _META_BLOCK.to_bytes(4, "big")]
+        """Every chunk id with a meta key or a file (orphans included: a file is written
+        before its meta key), for garbage collection."""
+        metas = [int.from_bytes(k[4:12], "big") for cf in self._families() for k, _ in self.db.items(cf, self._prefix)
+                 if k[12:] == _META_BLOCK.to_bytes(4, "big")]
+        return sorted({*metas, *self._files.chunk_ids()})
 
     def block_key(self, chunk_id: int, block: int) -> bytes:
         """The RocksDB key of a chunk's block (block 0xFFFFFFFF: its meta value): how
         the corruption tests reach one stored block to damage it."""
         return self._prefix + chunk_id.to_bytes(8, "big") + block.to_bytes(4, "big")
+
+    def file_of(self, chunk_id: int) -> Path | None:
+        """The file holding a stored chunk's blocks, or None if RocksDB holds them: where
+        the corruption tests reach one block's bytes (``Layout.positions``)."""
+        return self._files.path(chunk_id) if self.layout(chunk_id).in_file else None
 
     # -- internals ----------------------------------------------------------------------
 
@@ -781,13 +864,19 @@ class RocksTier:
         checked, not only the first: the DataLoss names one and its ``damage`` has the
         row ranges of all of them."""
         values, bad = [None] * len(keys), {}
+        in_files: dict[int, list[int]] = {}
+        for i, c in enumerate(owners):
+            if self._layouts[c].in_file:
+                in_files.setdefault(c, []).append(i)
         for cf in self._families():  # one multi-get per family
-            at = [i for i, c in enumerate(owners) if self._family_of(c) == cf]
+            at = [i for i, c in enumerate(owners) if c not in in_files and self._family_of(c) == cf]
             if at:
                 got, damaged = self._get_checked(cf, [keys[i] for i in at])
                 bad.update(damaged)
                 for i, value in zip(at, got):
                     values[i] = value
+        for c, at in in_files.items():
+            self._read_file(c, [keys[i] for i in at], at, values, bad)
         out, damage, first = [], {}, None
         for key, chunk, value in zip(keys, owners, values):
             block = int.from_bytes(key[12:], "big")
@@ -809,3 +898,22 @@ class RocksTier:
             more = sum(map(len, damage.values())) - 1
             raise DataLoss(first + (f" (and {more} more damaged blocks)" if more else ""), damage=damage)
         return out
+
+    def _read_file(self, chunk_id: int, keys: list[bytes], at: list[int], values: list, bad: dict) -> None:
+        """Read the blocks ``keys`` of a chunk file into ``values[at]``; a block the file
+        does not hold whole goes into ``bad`` (key -> why), as a damaged RocksDB value."""
+        positions = self._layouts[chunk_id].positions
+        blocks = [int.from_bytes(key[12:], "big") for key in keys]
+        spans = [(int(positions[b]), int(positions[b + 1])) for b in blocks]
+        try:
+            got = self._files.read(chunk_id, spans)
+        except FileNotFoundError:
+            for key in keys:
+                bad[key] = f"its file {self._files.path(chunk_id)} is missing"
+            return
+        except OSError as e:
+            raise _translate(e, f"reading {self._files.path(chunk_id)}") from None
+        for i, key, data, (lo, hi) in zip(at, keys, got, spans):
+            if len(data) != hi - lo:
+                bad[key] = f"its file {self._files.path(chunk_id)} ends before the block's bytes {lo}-{hi}"
+            values[i] = data

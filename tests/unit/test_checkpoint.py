@@ -195,8 +195,8 @@ def test_other_threads_run_while_a_checkpoint_flushes_the_memtables(tmp_path):
     checkpoint runs first must not: a thread polling RocksDB sees the flush running."""
     store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", max_size=10**6))
-    for i in range(4):  # ~20 MB in the memtable
-        t.insert(trajectories(128, tokens=4096, seed=i, id_prefix=f"m{i}"))
+    for i in range(28):  # ~20 MB in the memtable, in chunks small enough for RocksDB (not files)
+        t.insert(trajectories(20, tokens=4096, seed=i, id_prefix=f"m{i}"))
     chunks = store.db.cf[t.parts.placement.ssd.family]
     assert chunks.property_int_value("rocksdb.cur-size-active-mem-table") > 10 << 20
     stop, seen = threading.Event(), []

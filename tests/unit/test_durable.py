@@ -269,11 +269,13 @@ def test_large_rows_share_blocks_and_random_rows_read_back_exactly_from_them(tmp
     store = Catalog(tmp_path / "d")
     t = store.table("t")
     assert got(pick) == [expected[i] for i in pick.tolist()]
-    cf = store.db.cf[t.parts.placement.ssd.family]
-    key = t.parts.placement.ssd.block_key(0, 5)  # rows 10 and 11
-    value = bytearray(cf[key])
-    value[len(value) // 2] ^= 0xFF
-    cf[key] = bytes(value)
+    ssd = t.parts.placement.ssd
+    lo, hi = ssd.layout(0).positions[5:7].tolist()  # a 2.4 MB chunk: its blocks are in a file
+    with open(ssd.file_of(0), "r+b") as f:  # rows 10 and 11
+        f.seek((lo + hi) // 2)
+        byte = f.read(1)[0]
+        f.seek((lo + hi) // 2)
+        f.write(bytes([byte ^ 0xFF]))
     with pytest.raises(DataLoss, match="table 't': SSD tier, table id 1, chunk 0, block 5: checksum mismatch") as e:
         t.get(ids)
     assert e.value.damage == {0: [(10, 12)]}
@@ -778,7 +780,7 @@ def rows_of(table, ids) -> list[dict]:
 
 def test_blocks_reject_damage():
     batch = trajectories(2, tokens=16).to_batches()[0]
-    data = codec.encode_block(batch)
+    data = codec.encode_block(batch).to_pybytes()
     crc = codec.block_checksum(data)
     assert codec.decode_block(data, batch.schema, "x", crc).equals(batch)
     assert codec.decode_block(data, batch.schema, "x", zlib.crc32(data), "crc32").equals(batch)

@@ -1,0 +1,200 @@
+"""Large chunks in files of their own (tiers/files.py): exact rows after a restart and a
+checkpoint's restore; orphans of a crash between a file and its meta key removed at the
+next start, and nothing else; evictions and DropTable removing their files; a
+missing, truncated or damaged file is DATA_LOSS naming the chunk; a full disk leaves
+nothing behind; ``fsync`` syncs a file before its meta key is written."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from expstore import checkpoint
+from expstore.catalog import Catalog
+from expstore.checkpoint import Checkpointer
+from expstore.errors import DataLoss, ResourceExhausted
+from expstore.spec import SamplerSpec, TableSpec
+from expstore.synthetic import trajectories
+from expstore.tiers import files as chunk_files
+from expstore.tiers.remote import SealedObjects
+from expstore.tiers.rocks import BLOCKS_DIR, FILE_BYTES, Database
+
+pytestmark = pytest.mark.timeout(120)
+
+LARGE = dict(tokens=4096)  # 32 rows: ~1.2 MB, over FILE_BYTES
+
+
+def large(prefix: str, rows: int = 32, seed: int = 0):
+    data = trajectories(rows, id_prefix=prefix, seed=seed, **LARGE)
+    assert data.get_total_buffer_size() >= FILE_BYTES
+    return data
+
+
+def table_dir(store: Catalog, table) -> os.PathLike:
+    return store.db.blocks / str(table.parts.placement.ssd.table_id)
+
+
+def names_in(directory) -> set[str]:
+    return set(os.listdir(directory)) if os.path.isdir(directory) else set()
+
+
+def rows_of(table, ids) -> list[dict]:
+    return table.get(ids).data.select(["traj_id", "tokens", "logprobs", "loss_mask", "reward"]).to_pylist()
+
+
+def expected_rows(data) -> list[dict]:
+    return data.select(["traj_id", "tokens", "logprobs", "loss_mask", "reward"]).to_pylist()
+
+
+def test_large_chunks_go_to_files_small_ones_to_rocksdb_and_both_read_back_exactly_after_a_restart(tmp_path):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", memory_bytes=1))  # every read goes to the SSD tier
+    big, small = large("big"), trajectories(8, tokens=64, id_prefix="small")
+    big_ids, small_ids = t.insert(big).item_ids, t.insert(small).item_ids
+    ssd = t.parts.placement.ssd
+    assert ssd.file_of(0) is not None and ssd.file_of(1) is None
+    assert names_in(table_dir(store, t)) == {"0.blocks"}
+    layout = ssd.layout(0)
+    assert layout.positions[-1] == layout.stored == os.path.getsize(ssd.file_of(0))
+    store.close()
+
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    pick = np.random.default_rng(1).permutation(32)[:11]
+    assert rows_of(t, big_ids[pick]) == [expected_rows(big)[i] for i in pick.tolist()]
+    assert rows_of(t, small_ids) == expected_rows(small)
+    store.close()
+
+
+def test_a_crash_between_a_file_and_its_meta_key_leaves_an_orphan_the_next_start_removes(tmp_path):
+    """A file written (whole or partial) whose meta key never was: the next start deletes
+    it, ids go on past it, and a file this tier did not write stays."""
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t"))
+    ids = t.insert(large("a")).item_ids
+    directory = table_dir(store, t)
+    store.close()
+    files = chunk_files.ChunkFiles(directory, threading.Lock())
+    files.write(7, [b"x" * 100], sync=False)  # the crash: chunk 7's file, no meta key
+    (directory / "9.blocks.partial").write_bytes(b"half")  # killed mid-write
+    (directory / "operator-notes.txt").write_text("mine")
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    assert names_in(directory) == {"0.blocks", "operator-notes.txt"}
+    assert rows_of(t, ids) == expected_rows(large("a"))
+    new = t.insert(large("b", seed=1))
+    assert new.num_inserted == 32 and t.parts.placement.ssd.file_of(10) is not None  # past the orphans' ids
+    store.close()
+
+
+def test_evicted_and_dropped_chunks_take_their_files_with_them(tmp_path):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", max_size=64, sampler=SamplerSpec("fifo")))
+    for i in range(4):  # 128 rows into 64: the oldest two chunks are evicted
+        t.insert(large(f"e{i}", seed=i))
+    directory = table_dir(store, t)
+    assert names_in(directory) == {"2.blocks", "3.blocks"}
+    t.insert(large("e4", seed=4))
+    assert names_in(directory) == {"3.blocks", "4.blocks"}
+    (directory / "operator-notes.txt").write_text("mine")
+    store.drop_table("t")
+    assert names_in(directory) == {"operator-notes.txt"}  # what the tier did not write stays
+    (directory / "operator-notes.txt").unlink()
+    other = store.create_table(TableSpec("u"))
+    other.insert(large("u"))
+    store.drop_table("u")
+    assert not os.path.exists(table_dir(store, other))
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "flipped"])
+def test_a_missing_truncated_or_damaged_file_is_data_loss_naming_the_chunk_and_block(tmp_path, damage):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", memory_bytes=1))
+    ids = t.insert(large("a")).item_ids
+    path, layout = t.parts.placement.ssd.file_of(0), t.parts.placement.ssd.layout(0)
+    store.close()
+    last = len(layout.positions) - 2
+    if damage == "missing":
+        path.unlink()
+        match, blocks = "chunk 0, block 0: its file .*0.blocks is missing", range(last + 1)
+    elif damage == "truncated":
+        os.truncate(path, layout.positions[last] + 10)
+        match, blocks = f"chunk 0, block {last}: its file .*0.blocks ends before", [last]
+    else:
+        with open(path, "r+b") as f:
+            f.seek(int(layout.positions[3]) + 100)
+            byte = f.read(1)[0]
+            f.seek(int(layout.positions[3]) + 100)
+            f.write(bytes([byte ^ 1]))
+        match, blocks = "chunk 0, block 3: checksum mismatch", [3]
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    with pytest.raises(DataLoss, match=f"table 't': SSD tier, table id 1, {match}") as e:
+        t.get(ids)
+    offsets = layout.offsets.tolist()
+    assert e.value.damage == {0: [(offsets[b], offsets[b + 1]) for b in blocks]}
+    store.close()
+
+
+def test_a_full_disk_during_a_file_write_is_resource_exhausted_and_leaves_nothing(tmp_path, monkeypatch):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t"))
+    writev = os.writev
+
+    def full(fd, buffers):
+        writev(fd, buffers[:1])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(chunk_files.os, "writev", full)
+    with pytest.raises(ResourceExhausted, match="the disk is full"):
+        t.insert(large("a"))
+    monkeypatch.undo()
+    assert len(t) == 0 and names_in(table_dir(store, t)) == set()
+    assert t.insert(large("a")).num_inserted == 32
+    store.close()
+    store = Catalog(tmp_path / "d")
+    assert len(store.table("t")) == 32
+    store.close()
+
+
+@pytest.mark.parametrize("durability", ["wal", "fsync"])
+def test_fsync_syncs_a_file_and_its_directory_before_the_meta_key_and_wal_does_not(tmp_path, monkeypatch,
+                                                                                    durability):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t"))
+    events: list[str] = []
+    fdatasync, write = os.fdatasync, Database.write
+    monkeypatch.setattr(chunk_files.os, "fdatasync", lambda fd: (events.append("fdatasync"), fdatasync(fd))[1])
+    monkeypatch.setattr(chunk_files, "_sync_directory", lambda d: events.append(f"sync {d.name}"))
+    monkeypatch.setattr(Database, "write", lambda self, *a, **k: (events.append("meta"), write(self, *a, **k))[1])
+    t.insert(large("a"), durability=durability)
+    table_id = str(t.parts.placement.ssd.table_id)
+    first = events[:events.index("meta") + 1]
+    assert first == (["fdatasync", f"sync {table_id}", f"sync {BLOCKS_DIR}", "meta"] if durability == "fsync"
+                     else ["meta"])
+    store.close()
+
+
+def test_a_checkpoint_holds_the_chunk_files_and_restores_them_after_the_live_ones_are_gone(tmp_path):
+    remote = SealedObjects((tmp_path / "remote-a").as_uri())
+    store = Catalog(tmp_path / "a")
+    t = store.create_table(TableSpec("t", memory_bytes=1))
+    data = [large(f"c{i}", seed=i) for i in range(2)]
+    ids = [t.insert(d).item_ids for d in data]
+    info = Checkpointer(store, remote).create("c1")
+    store.drop_table("t")  # the live files go
+    store.close()
+    own = SealedObjects((tmp_path / "remote-b").as_uri())
+    source, name = checkpoint.locate(info.uri, own)
+    checkpoint.restore(source, name, tmp_path / "b", own)
+    restored = Catalog(tmp_path / "b")
+    t = restored.table("t")
+    assert names_in(table_dir(restored, t)) == {"0.blocks", "1.blocks"}
+    for d, i in zip(data, ids):
+        assert rows_of(t, i) == expected_rows(d)
+    restored.close()
