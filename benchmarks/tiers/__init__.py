@@ -8,9 +8,11 @@ same run where one exists:
    rows into a fresh table of each kind: the DEFAULT durable table (tiers "ssd", memory
    cache 256 MiB) at durability wal (its default), fsync and memory, and a memory table
    (tiers "memory"); then 4 threads at wal and at fsync (group commit: the fsyncs run are
-   counted). Ceilings: raw writes of the same stored values under the same keys to a
-   RocksDB with the engine's options (``Database``: blob files, LZ4 at flush), one
-   WriteBatch per insert, the log unsynced or synced per batch (1 and 4 threads). Each
+   counted). Ceilings: raw writes of the same stored values as the SSD tier stores them:
+   300 B rows under the same keys to a RocksDB with the engine's options (``Database``:
+   blob files, LZ4 at flush), one WriteBatch per insert; 36 KiB rows (chunks over
+   ``FILE_BYTES``) as one chunk file per insert and its meta put (and, for comparison, as
+   RocksDB puts); the log unsynced or synced per batch (1 and 4 threads). Each
    config gets its own data dir; configs alternate per round; median of rounds.
 2. sample(256), uniform, p50/p99 when the data sits in memory (durable table, cache
    larger than the data), on the SSD only (cache of 1 MiB: every sample reads RocksDB

@@ -1,4 +1,6 @@
-"""7a. Inserts into durable and memory tables against raw RocksDB writes (see benchmarks/tiers/__init__.py)."""
+"""7a. Inserts into durable and memory tables against raw writes of the same stored bytes
+(see benchmarks/tiers/__init__.py): RocksDB puts for chunks under ``FILE_BYTES``, one file
+per insert for larger ones, as the SSD tier stores each."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from rocksdict import WriteBatch
 from expstore import codec
 from expstore.spec import SamplerSpec, TableSpec
 from expstore.catalog import Catalog
+from expstore.tiers.files import ChunkFiles
+from expstore.tiers.rocks import FILE_BYTES
 
 from .data import BATCH, MiB, SIZES, TOKENS, _batch, _labelled, _pct, _raw_db, blocks, pool, realistic
 
@@ -81,6 +85,42 @@ def _insert_raw(root: Path, encoded: list[list[bytes]], n: int, sync: bool, thre
     return {"wall_s": wall, "batches": n, "latency": _pct(lat)}
 
 
+def _insert_raw_files(root: Path, encoded: list[list[bytes]], n: int, sync: bool, threads: int = 1) -> dict:
+    """The ceiling of chunks of at least FILE_BYTES: the same stored values written as one
+    chunk file per insert (``ChunkFiles``, fdatasync'd with ``sync``), then a 40-byte meta
+    put to RocksDB at ``wal`` (fsync'd with ``sync``): what the SSD tier writes, without
+    the engine."""
+    db, family = _raw_db(root / "raw")
+    h = db.handle[family]
+    files = db.chunk_files(1)
+    counter = iter(range(1 << 40))
+    lock = threading.Lock()
+    lat: list[float] = []
+
+    def one(i: int):
+        with lock:
+            chunk = next(counter)
+        files.write(chunk, encoded[i % len(encoded)], sync=sync)
+        wb = WriteBatch(raw_mode=True)
+        wb.put((1).to_bytes(4, "big") + chunk.to_bytes(8, "big") + b"\xff\xff\xff\xff", b"x" * 40, h)
+        db.write(wb, "wal")
+        if sync:
+            db.sync()
+
+    def work(k: int, offset: int):
+        for i in range(k):
+            t0 = time.perf_counter()
+            one(offset + i)
+            lat.append(time.perf_counter() - t0)
+
+    one(0)  # warm-up
+    t0 = time.perf_counter()
+    _run_threads(work, n, threads)
+    wall = time.perf_counter() - t0
+    db.close()
+    return {"wall_s": wall, "batches": n, "latency": _pct(lat)}
+
+
 def _run_threads(work, n: int, threads: int) -> None:
     if threads == 1:
         work(n, 0)
@@ -94,20 +134,29 @@ def _run_threads(work, n: int, threads: int) -> None:
 
 
 def _insert_configs(data: list[pa.Table], encoded: list[list[bytes]], n: int) -> dict:
-    """name -> (run(dir), the ceiling it is compared with)."""
+    """name -> (run(dir), the ceiling it is compared with): the raw writes of the kind the
+    SSD tier makes for chunks of this size, and, for chunk files, raw RocksDB puts of the
+    same values too (what the SSD tier wrote before chunk files)."""
     ssd = "durable table (ssd, default)"
+    in_files = data[0].get_total_buffer_size() >= FILE_BYTES
+    raw = "raw chunk file" if in_files else "raw RocksDB put"
+    write = _insert_raw_files if in_files else _insert_raw
+    configs = {
+        f"{raw} (WAL)": (lambda d: write(d, encoded, n, sync=False), None),
+        f"{raw} + fsync": (lambda d: write(d, encoded, n, sync=True), None),
+    }
+    if in_files:
+        configs["raw RocksDB put (WAL)"] = (lambda d: _insert_raw(d, encoded, n, sync=False), None)
     return {
-        "raw RocksDB put (WAL)": (lambda d: _insert_raw(d, encoded, n, sync=False), None),
-        "raw RocksDB put + fsync": (lambda d: _insert_raw(d, encoded, n, sync=True), None),
-        f"{ssd}, wal (default)": (lambda d: _insert_expstore(d, data, n, "ssd", "wal"), "raw RocksDB put (WAL)"),
-        f"{ssd}, fsync": (lambda d: _insert_expstore(d, data, n, "ssd", "fsync"), "raw RocksDB put + fsync"),
-        f"{ssd}, memory": (lambda d: _insert_expstore(d, data, n, "ssd", "memory"), "raw RocksDB put (WAL)"),
-        "memory table": (lambda d: _insert_expstore(d, data, n, "memory", None), "raw RocksDB put (WAL)"),
-        "raw RocksDB put + fsync, 4 threads": (lambda d: _insert_raw(d, encoded, n, sync=True, threads=4), None),
-        f"{ssd}, wal, 4 threads": (lambda d: _insert_expstore(d, data, n, "ssd", "wal", threads=4),
-                                   "raw RocksDB put (WAL)"),
+        **configs,
+        f"{ssd}, wal (default)": (lambda d: _insert_expstore(d, data, n, "ssd", "wal"), f"{raw} (WAL)"),
+        f"{ssd}, fsync": (lambda d: _insert_expstore(d, data, n, "ssd", "fsync"), f"{raw} + fsync"),
+        f"{ssd}, memory": (lambda d: _insert_expstore(d, data, n, "ssd", "memory"), f"{raw} (WAL)"),
+        "memory table": (lambda d: _insert_expstore(d, data, n, "memory", None), f"{raw} (WAL)"),
+        f"{raw} + fsync, 4 threads": (lambda d: write(d, encoded, n, sync=True, threads=4), None),
+        f"{ssd}, wal, 4 threads": (lambda d: _insert_expstore(d, data, n, "ssd", "wal", threads=4), f"{raw} (WAL)"),
         f"{ssd}, fsync, 4 threads": (lambda d: _insert_expstore(d, data, n, "ssd", "fsync", threads=4),
-                                     "raw RocksDB put + fsync, 4 threads"),
+                                     f"{raw} + fsync, 4 threads"),
     }
 
 

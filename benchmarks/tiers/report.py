@@ -32,7 +32,8 @@ def render(t: dict) -> str:
             _table(["table kind, durability", "items/s", "Arrow MB/s", "p50 ms", "p99 ms", "fsyncs", "ratio"], rows,
                    align_left=1),
             f"   fsync with 4 threads (group commit) = {group:.2f}x wal with 4 threads; raw RocksDB: the same "
-            "stored values and keys, one WriteBatch per insert, the engine's options (blob files, LZ4 at flush)"])]
+            "stored values and keys, one WriteBatch per insert, the engine's options (blob files, LZ4 at flush); "
+            "raw chunk file: the same values as one file per insert and its meta put (chunks of 1 MiB or more)"])]
 
     s = t["sample"]
     rows = []
