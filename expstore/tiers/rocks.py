@@ -8,6 +8,9 @@ One database per server, shared by its tables, in column families::
     meta               b"table/" name, b"snapshot/" table id, ... -> table records and snapshots
     chunks             the same keys as chunks.<table id>: chunks written before tables had
                        families of their own (read, deleted, never written)
+    chunk_files        empty: the data dir may hold chunk files. A server from before them
+                       would misread their meta values; RocksDB makes it refuse the data
+                       dir instead, naming this family, which it does not open
 
 and, in ``BLOCKS_DIR`` of the RocksDB directory, ``<table id>/<chunk id>.blocks``: the
 blocks of each chunk of at least FILE_BYTES, in a file of its own (files.py), whose meta
@@ -110,7 +113,7 @@ from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, 
 from .base import UNBOUNDED
 from .files import ChunkFiles, link_all
 
-COLUMN_FAMILIES = ("chunks", "journal", "meta")
+COLUMN_FAMILIES = ("chunks", "journal", "meta", "chunk_files")
 CHUNK_FAMILY = "chunks."  # + table id: a table's chunks
 DURABILITIES = ("memory", "wal", "fsync")
 BLOCK_BYTES = 64 << 10
@@ -127,7 +130,7 @@ _META_BLOCK = 0xFFFFFFFF
 LOCK_FILE = "LOCK.expstore"  # in the data dir: held by the process that has it open
 # Each column family's share of the memtable budget: (buffers, fraction of the budget each).
 _WRITE_BUFFERS = {CHUNK_FAMILY: (3, 1 / 4), "chunks": (2, 1 / 32), "journal": (2, 1 / 16), "meta": (2, 1 / 32),
-                  "default": (2, 1 / 32)}
+                  "default": (2, 1 / 32), "chunk_files": (2, 0)}  # never written: the 1 MiB floor
 
 
 def _options(cf: str, memtable_bytes: int, cache: Cache, direct_writes: bool) -> Options:

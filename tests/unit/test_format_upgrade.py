@@ -1,7 +1,8 @@
 """A data dir written by the previous storage format (zstd + CRC32 blocks in the shared
 ``chunks`` column family, before blob files and a column family per table) opens and
 reads back exactly: written here by that version's own code, checked out of git at the
-last commit that had it and run in a subprocess."""
+last commit that had it and run in a subprocess. A server from before chunk files refuses
+a data dir this version opened."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 from expstore.catalog import Catalog
+from expstore.spec import TableSpec
 from expstore.synthetic import trajectories
 from expstore.tiers.rocks import Database, RocksTier
 
@@ -58,20 +60,20 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def legacy_source(dest: Path) -> Path:
-    """The ``expstore`` package of LEGACY_COMMIT, extracted under ``dest``."""
+def source_at(commit: str, dest: Path) -> Path:
+    """The ``expstore`` package of ``commit``, extracted under ``dest``."""
     try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", LEGACY_COMMIT, "expstore"],
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "expstore"],
                                  capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"the previous format's code is not available from git here: {e}")
+        pytest.skip(f"the code of {commit} is not available from git here: {e}")
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
     return dest
 
 
 def written_by_legacy_code(tmp_path: Path) -> tuple[Path, dict]:
-    src = legacy_source(tmp_path / "legacy")
+    src = source_at(LEGACY_COMMIT, tmp_path / "legacy")
     data, out = tmp_path / "d", tmp_path / "expected.json"
     # the legacy package first on the path: nothing of this checkout's expstore is imported
     subprocess.run([sys.executable, "-c", WRITER, str(data), str(out)], check=True, cwd=src,
@@ -110,3 +112,19 @@ def test_a_data_dir_written_by_the_previous_format_opens_and_reads_back_exactly(
     store.drop_table("s")
     assert list(store.db.cf["chunks"].keys()) == []  # the old chunks went with their tables
     store.close()
+
+
+BEFORE_CHUNK_FILES = "0d14f315e753a1522d37c508082e3e236788334f"  # the last commit without chunk files
+
+
+def test_a_server_from_before_chunk_files_refuses_a_data_dir_that_may_hold_them(tmp_path):
+    """Its reader would misread their meta values: it must not open the data dir at all."""
+    store = Catalog(tmp_path / "d")
+    store.create_table(TableSpec("t")).insert(trajectories(32, tokens=4096, id_prefix="f"))
+    store.close()
+    src = source_at(BEFORE_CHUNK_FILES, tmp_path / "before")
+    opened = subprocess.run([sys.executable, "-c", "import sys; from expstore.catalog import Catalog; "
+                             "Catalog(sys.argv[1])", str(tmp_path / "d")],
+                            cwd=src, env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"}, capture_output=True,
+                            text=True, timeout=120)
+    assert opened.returncode != 0 and "chunk_files" in opened.stderr, opened.stderr[-2000:]
