@@ -46,8 +46,8 @@ _IOV_MAX = 1024  # buffers one writev takes (Linux)
 
 
 class ChunkFiles:
-    """One table's chunk files, in ``directory`` (created on the first write). Raises
-    OSError as the system does; the SSD tier says what failed."""
+    """One table's chunk files, in ``directory`` (created on the first write, in a parent
+    that exists). Raises OSError as the system does; the SSD tier says what failed."""
 
     def __init__(self, directory: Path, removing: threading.Lock) -> None:
         self.directory = directory
@@ -62,9 +62,7 @@ class ChunkFiles:
         no file behind."""
         path = self.path(chunk_id)
         partial = path.with_name(path.name + PARTIAL)
-        created = not self.directory.is_dir()
-        if created:
-            self.directory.mkdir(parents=True, exist_ok=True)
+        make_directory(self.directory)
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
@@ -79,8 +77,6 @@ class ChunkFiles:
             raise
         if sync:
             _sync_directory(self.directory)
-            if created:
-                _sync_directory(self.directory.parent)
 
     def read(self, chunk_id: int, spans: list[tuple[int, int]]) -> list[memoryview]:
         """The bytes [lo, hi) of each span of a chunk's file (shorter where the file ends
@@ -126,6 +122,15 @@ class ChunkFiles:
         except FileNotFoundError:
             return []
         return sorted({int(stem) for stem in map(_chunk_stem, names) if stem is not None})
+
+
+def make_directory(path: Path) -> None:
+    """Create ``path`` unless it is there, its parent synced after (once a file in it is
+    synced, so is the way to it). Its parent must exist."""
+    if path.is_dir():
+        return
+    path.mkdir(exist_ok=True)
+    _sync_directory(path.parent)
 
 
 def link_all(root: Path, dest: Path) -> None:

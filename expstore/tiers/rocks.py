@@ -111,7 +111,7 @@ from rocksdict import (BlockBasedOptions, Cache, Checkpoint, CompactOptions, DBC
 from .. import codec, prefixes
 from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from .base import UNBOUNDED
-from .files import ChunkFiles, link_all
+from .files import ChunkFiles, link_all, make_directory
 
 COLUMN_FAMILIES = ("chunks", "journal", "meta", "chunk_files")
 CHUNK_FAMILY = "chunks."  # + table id: a table's chunks
@@ -182,6 +182,8 @@ class Database:
             self._lock_file.close()
             raise _translate(e, f"opening {self.path}") from None
         self.cf = {cf: self._db.get_column_family(cf) for cf in families}
+        self.blocks = rocks / BLOCKS_DIR
+        make_directory(self.blocks)
         self.handle = {cf: self._db.get_column_family_handle(cf) for cf in families}
         self._families = threading.Lock()  # creating and dropping column families
         self._write_options = {}
@@ -191,7 +193,6 @@ class Database:
             self._write_options[level] = w
         self._space = threading.Lock()  # one growing write at a time between check and write
         self._removing = threading.Lock()  # chunk files are deleted, or linked into a checkpoint
-        self.blocks = rocks / BLOCKS_DIR
         self._compacting = threading.Lock()  # close waits for a reclaim in progress
         self._group_commit = threading.Condition()
         self._sync_tickets = 0  # sync calls so far
