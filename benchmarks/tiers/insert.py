@@ -17,7 +17,6 @@ from rocksdict import WriteBatch
 from expstore import codec
 from expstore.spec import SamplerSpec, TableSpec
 from expstore.catalog import Catalog
-from expstore.tiers.files import ChunkFiles
 from expstore.tiers.rocks import FILE_BYTES
 
 from .data import BATCH, MiB, SIZES, TOKENS, _batch, _labelled, _pct, _raw_db, blocks, pool, realistic
@@ -50,46 +49,13 @@ def _insert_expstore(root: Path, pool: list[pa.Table], n: int, tiers: str, durab
     return {"wall_s": wall, "batches": n, "latency": _pct(lat), "fsyncs": syncs}
 
 
-def _insert_raw(root: Path, encoded: list[list[bytes]], n: int, sync: bool, threads: int = 1) -> dict:
+def _insert_raw(root: Path, encoded: list[list[bytes]], n: int, sync: bool, threads: int = 1,
+                in_files: bool = False) -> dict:
     """The ceiling: the same stored values (``codec.encode_block`` of each block, done
-    before the clock starts) under the same keys, one WriteBatch per insert."""
-    db, family = _raw_db(root / "raw")
-    h = db.handle[family]
-    counter = iter(range(1 << 40))
-    lock = threading.Lock()
-    lat: list[float] = []
-
-    def one(i: int):
-        with lock:
-            chunk = next(counter)
-        wb = WriteBatch(raw_mode=True)
-        prefix = (1).to_bytes(4, "big") + chunk.to_bytes(8, "big")
-        for j, v in enumerate(encoded[i % len(encoded)]):
-            wb.put(prefix + j.to_bytes(4, "big"), v, h)
-        wb.put(prefix + b"\xff\xff\xff\xff", b"x" * 40, h)
-        db.write(wb, "wal")
-        if sync:
-            db.sync()
-
-    def work(k: int, offset: int):
-        for i in range(k):
-            t0 = time.perf_counter()
-            one(offset + i)
-            lat.append(time.perf_counter() - t0)
-
-    one(0)  # warm-up
-    t0 = time.perf_counter()
-    _run_threads(work, n, threads)
-    wall = time.perf_counter() - t0
-    db.close()
-    return {"wall_s": wall, "batches": n, "latency": _pct(lat)}
-
-
-def _insert_raw_files(root: Path, encoded: list[list[bytes]], n: int, sync: bool, threads: int = 1) -> dict:
-    """The ceiling of chunks of at least FILE_BYTES: the same stored values written as one
-    chunk file per insert (``ChunkFiles``, fdatasync'd with ``sync``), then a 40-byte meta
-    put to RocksDB at ``wal`` (fsync'd with ``sync``): what the SSD tier writes, without
-    the engine."""
+    before the clock starts) as the SSD tier stores them, one insert at a time: under the
+    same keys, one WriteBatch per insert; or (``in_files``, chunks of at least
+    FILE_BYTES) as one chunk file per insert (``ChunkFiles``, fdatasync'd with ``sync``)
+    and a 40-byte meta put. The log is fsync'd with ``sync``."""
     db, family = _raw_db(root / "raw")
     h = db.handle[family]
     files = db.chunk_files(1)
@@ -100,9 +66,14 @@ def _insert_raw_files(root: Path, encoded: list[list[bytes]], n: int, sync: bool
     def one(i: int):
         with lock:
             chunk = next(counter)
-        files.write(chunk, encoded[i % len(encoded)], sync=sync)
         wb = WriteBatch(raw_mode=True)
-        wb.put((1).to_bytes(4, "big") + chunk.to_bytes(8, "big") + b"\xff\xff\xff\xff", b"x" * 40, h)
+        prefix = (1).to_bytes(4, "big") + chunk.to_bytes(8, "big")
+        if in_files:
+            files.write(chunk, encoded[i % len(encoded)], sync=sync)
+        else:
+            for j, v in enumerate(encoded[i % len(encoded)]):
+                wb.put(prefix + j.to_bytes(4, "big"), v, h)
+        wb.put(prefix + b"\xff\xff\xff\xff", b"x" * 40, h)
         db.write(wb, "wal")
         if sync:
             db.sync()
@@ -140,10 +111,9 @@ def _insert_configs(data: list[pa.Table], encoded: list[list[bytes]], n: int) ->
     ssd = "durable table (ssd, default)"
     in_files = data[0].get_total_buffer_size() >= FILE_BYTES
     raw = "raw chunk file" if in_files else "raw RocksDB put"
-    write = _insert_raw_files if in_files else _insert_raw
     configs = {
-        f"{raw} (WAL)": (lambda d: write(d, encoded, n, sync=False), None),
-        f"{raw} + fsync": (lambda d: write(d, encoded, n, sync=True), None),
+        f"{raw} (WAL)": (lambda d: _insert_raw(d, encoded, n, sync=False, in_files=in_files), None),
+        f"{raw} + fsync": (lambda d: _insert_raw(d, encoded, n, sync=True, in_files=in_files), None),
     }
     if in_files:
         configs["raw RocksDB put (WAL)"] = (lambda d: _insert_raw(d, encoded, n, sync=False), None)
@@ -153,7 +123,8 @@ def _insert_configs(data: list[pa.Table], encoded: list[list[bytes]], n: int) ->
         f"{ssd}, fsync": (lambda d: _insert_expstore(d, data, n, "ssd", "fsync"), f"{raw} + fsync"),
         f"{ssd}, memory": (lambda d: _insert_expstore(d, data, n, "ssd", "memory"), f"{raw} (WAL)"),
         "memory table": (lambda d: _insert_expstore(d, data, n, "memory", None), f"{raw} (WAL)"),
-        f"{raw} + fsync, 4 threads": (lambda d: write(d, encoded, n, sync=True, threads=4), None),
+        f"{raw} + fsync, 4 threads": (lambda d: _insert_raw(d, encoded, n, sync=True, threads=4, in_files=in_files),
+                                      None),
         f"{ssd}, wal, 4 threads": (lambda d: _insert_expstore(d, data, n, "ssd", "wal", threads=4), f"{raw} (WAL)"),
         f"{ssd}, fsync, 4 threads": (lambda d: _insert_expstore(d, data, n, "ssd", "fsync", threads=4),
                                      f"{raw} + fsync, 4 threads"),
