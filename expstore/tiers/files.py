@@ -112,7 +112,7 @@ class ChunkFiles:
         self.delete(self.chunk_ids())
         try:
             self.directory.rmdir()
-        except (FileNotFoundError, OSError):
+        except OSError:
             pass  # absent, or holds what this class did not create: left alone
 
     def chunk_ids(self) -> list[int]:
