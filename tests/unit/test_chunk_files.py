@@ -27,11 +27,9 @@ from expstore.tiers.rocks import BLOCKS_DIR, FILE_BYTES, Database
 
 pytestmark = pytest.mark.timeout(120)
 
-LARGE = dict(tokens=4096)  # 32 rows: ~1.2 MB, over FILE_BYTES
-
-
 def large(prefix: str, rows: int = 32, seed: int = 0):
-    data = trajectories(rows, id_prefix=prefix, seed=seed, **LARGE)
+    """Rows of 36 KiB: 32 of them (~1.2 MB) make a chunk over FILE_BYTES."""
+    data = trajectories(rows, tokens=4096, id_prefix=prefix, seed=seed)
     assert data.get_total_buffer_size() >= FILE_BYTES
     return data
 
