@@ -3,13 +3,15 @@
 A block (``encode_block``) is one Arrow IPC record batch message, without its schema: the
 SSD tier keeps the schema once per chunk (parsing a schema with every value cost ~0.7 ms,
 more than decoding a 36 KiB row, and the SSD tier reads hundreds of small blocks per
-sample). It is stored as it is: RocksDB compresses it (LZ4) when it writes it to a blob
-file at flush, in its own background threads, and checksums it there (a CRC per blob
-record, verified on every read), so the acknowledged path does not compress. Measured
+sample). It is stored as it is: in a chunk of 1 MiB or more, in the chunk's file
+(tiers/files.py), uncompressed; in a smaller one, as a RocksDB value, which RocksDB
+compresses (LZ4) when it writes it to a blob file at flush, in its own background threads,
+and checksums there (a CRC per blob record, verified on every read). The acknowledged
+path does not compress. Measured
 here on 256 x 36 KiB rows: Python zstd of each ~64 KiB block cost 34-49 ms of the insert's
 thread per 9.4 MB batch, more than the WAL write itself (17-23 ms). The writer also
 records each block's checksum (``block_checksum``, in the chunk's meta value, so the block
-is not copied to prepend it) and ``decode_block`` checks it: end to end, from the bytes
+is not copied to prepend it) and ``decode_block`` checks it (a chunk file's only one): end to end, from the bytes
 encoded to the bytes read, whatever happened to them in between. The checksum is CRC32C
 (the ``crc32c`` package: the CPU's CRC instruction, 0.9 ms per 9.7 MB here, where zlib's
 CRC32 took 3.6 ms, on the insert's path and again on every read); chunks written before
