@@ -143,7 +143,7 @@ def link_all(root: Path, dest: Path) -> None:
         if not table.is_dir() or not table.name.isdigit():
             continue
         for name in sorted(os.listdir(table)):
-            if name.endswith(SUFFIX) and name[:-len(SUFFIX)].isdigit():
+            if not name.endswith(PARTIAL) and _chunk_stem(name) is not None:  # whole files only
                 target = dest / table.name / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 try:

@@ -186,7 +186,10 @@ def test_a_checkpoint_holds_the_chunk_files_and_restores_them_after_the_live_one
     t = store.create_table(TableSpec("t", memory_bytes=1))
     data = [large(f"c{i}", seed=i) for i in range(2)]
     ids = [t.insert(d).item_ids for d in data]
+    (table_dir(store, t) / "9.blocks.partial").write_bytes(b"half")  # a file still being written
     info = Checkpointer(store, remote).create("c1")
+    taken = {p.name for p in (tmp_path / "remote-a").rglob("*.blocks*")}
+    assert taken == {"0.blocks", "1.blocks"}  # whole files only: a partial one may still change
     store.drop_table("t")  # the live files go
     store.close()
     own = SealedObjects((tmp_path / "remote-b").as_uri())
