@@ -4,7 +4,8 @@ A block (``encode_block``) is one Arrow IPC record batch message, without its sc
 SSD tier keeps the schema once per chunk (parsing a schema with every value cost ~0.7 ms,
 more than decoding a 36 KiB row, and the SSD tier reads hundreds of small blocks per
 sample). It is stored as it is: in a chunk of 1 MiB or more, in the chunk's file
-(tiers/files.py), uncompressed; in a smaller one, as a RocksDB value, which RocksDB
+(tiers/files.py), uncompressed, written by ``encode_blocks`` straight from the rows'
+buffers (blocks_native.cpp); in a smaller one, as a RocksDB value, which RocksDB
 compresses (LZ4) when it writes it to a blob file at flush, in its own background threads,
 and checksums there (a CRC per blob record, verified on every read). The acknowledged
 path does not compress. Measured
@@ -30,7 +31,10 @@ same stored bytes give the same checksums.
 
 from __future__ import annotations
 
+import os
 import zlib
+from collections import deque
+from typing import Protocol, Sequence
 
 import crc32c
 import numpy as np
@@ -38,6 +42,13 @@ import pyarrow as pa
 import zstandard
 
 from .errors import DataLoss
+
+try:  # after pyarrow, which has loaded the libarrow the module links to
+    from . import _blocks_native as native
+except ImportError:  # not built: no C++ compiler at install (setup.py)
+    native = None
+if native is not None and not native.supported():  # no CRC32 instruction
+    native = None
 
 LEGACY_BLOCK_MAGIC = b"EXK1"  # zstd + CRC32 blocks, written before blob files
 BLOCK_CHECKSUM = "crc32c"  # what blocks are checksummed with now
@@ -53,6 +64,57 @@ def encode_block(batch: pa.RecordBatch) -> pa.Buffer:
     """One batch without its schema, as an IPC record batch message (a buffer: a file
     write takes it as it is, a RocksDB value copies it into bytes)."""
     return batch.serialize()
+
+
+class Blocks(Protocol):
+    """Blocks encoded for a file, one after another: each one's size and checksum
+    (``block_checksum``), and a write of them all."""
+    sizes: Sequence[int]
+    checksums: Sequence[int]
+
+    def write_to(self, fd: int) -> None:
+        """Write every block, in order, at ``fd``'s position; OSError as the system says."""
+
+
+def encode_blocks(batches: list[pa.RecordBatch]) -> Blocks:
+    """``batches`` as blocks for a file (each ``encode_block``'s bytes). Where it is built,
+    the native encoder (blocks_native.cpp) writes them from the batches' own buffers, which
+    it holds until it is dropped: serializing copied every row once more before the file
+    write copied it again."""
+    return native.encode(batches) if native is not None else SerializedBlocks.of(batches)
+
+
+class SerializedBlocks:
+    """Blocks serialized here (``encode_block``): what RocksDB values are made of, and
+    what a file is written from where the native encoder is not built."""
+
+    def __init__(self, buffers: list) -> None:  # bytes-like: pa.Buffer, bytes
+        self.buffers = buffers
+        self.sizes = [len(b) for b in buffers]
+        self.checksums = [block_checksum(b) for b in buffers]
+
+    @classmethod
+    def of(cls, batches: list[pa.RecordBatch]) -> "SerializedBlocks":
+        return cls([encode_block(b) for b in batches])
+
+    def write_to(self, fd: int) -> None:
+        """Write every buffer, in order: ``writev`` lets go of the GIL, and may write less
+        than it was given."""
+        views = deque(memoryview(b).cast("B") for b in self.buffers)
+        while views:
+            written = os.writev(fd, [views[i] for i in range(min(len(views), _IOV_MAX))])
+            while written:
+                head = views[0]
+                if written >= len(head):
+                    written -= len(head)
+                    views.popleft()
+                else:
+                    views[0], written = head[written:], 0
+            while views and not len(views[0]):
+                views.popleft()
+
+
+_IOV_MAX = 1024  # buffers one writev takes (Linux)
 
 
 def decode_block(data, schema: pa.Schema, what: str, checksum: int | None = None,

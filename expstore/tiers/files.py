@@ -36,13 +36,13 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections import deque
 from pathlib import Path
 from typing import Iterable
 
+from ..codec import Blocks
+
 SUFFIX = ".blocks"  # a whole chunk file
 PARTIAL = ".partial"  # appended while it is being written
-_IOV_MAX = 1024  # buffers one writev takes (Linux)
 
 
 class ChunkFiles:
@@ -56,17 +56,16 @@ class ChunkFiles:
     def path(self, chunk_id: int) -> Path:
         return self.directory / f"{chunk_id}{SUFFIX}"
 
-    def write(self, chunk_id: int, blocks: list, sync: bool) -> None:
-        """Store ``blocks`` (bytes-like, in order) as chunk ``chunk_id``'s file, replacing
-        any. ``sync``: on disk (file and name) before this returns. A failed write leaves
-        no file behind."""
+    def write(self, chunk_id: int, blocks: Blocks, sync: bool) -> None:
+        """Store ``blocks`` as chunk ``chunk_id``'s file, replacing any. ``sync``: on disk
+        (file and name) before this returns. A failed write leaves no file behind."""
         path = self.path(chunk_id)
         partial = path.with_name(path.name + PARTIAL)
         make_directory(self.directory)
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(fd, blocks)
+                blocks.write_to(fd)
                 if sync:
                     os.fdatasync(fd)
             finally:
@@ -158,23 +157,6 @@ def _chunk_stem(name: str) -> str | None:
         name = name[:-len(PARTIAL)]
     stem = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
     return stem if stem.isdigit() else None
-
-
-def _write_all(fd: int, blocks: list) -> None:
-    """Write every buffer, in order: ``writev`` lets go of the GIL, and may write less
-    than it was given."""
-    views = deque(memoryview(b).cast("B") for b in blocks)
-    while views:
-        written = os.writev(fd, [views[i] for i in range(min(len(views), _IOV_MAX))])
-        while written:
-            head = views[0]
-            if written >= len(head):
-                written -= len(head)
-                views.popleft()
-            else:
-                views[0], written = head[written:], 0
-        while views and not len(views[0]):
-            views.popleft()
 
 
 def _sync_directory(directory: Path) -> None:

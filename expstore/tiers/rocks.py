@@ -105,7 +105,7 @@ import os
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -116,6 +116,8 @@ from .. import codec, prefixes
 from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from .base import UNBOUNDED
 from .files import ChunkFiles, link_all, make_directory
+
+_Blocks = TypeVar("_Blocks", bound=codec.Blocks)
 
 COLUMN_FAMILIES = ("chunks", "journal", "meta", "chunk_files")
 CHUNK_FAMILY = "chunks."  # + table id: a table's chunks
@@ -655,9 +657,8 @@ class RocksTier:
             wb, layout = self.encode(chunk_id, batch)
             self.db.write(wb, durability, grows=layout.stored)
             return layout
-        layout, blocks = self._blocks(batch)
-        positions = np.cumsum([0, *map(len, blocks)], dtype=np.int64)
-        layout = replace(layout, positions=positions)
+        layout, blocks = self._blocks(batch, codec.encode_blocks)
+        layout = replace(layout, positions=np.cumsum([0, *blocks.sizes], dtype=np.int64))
         wb = WriteBatch(raw_mode=True)
         wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), self.db.handle[self._cf])
         with self.db.growing(layout.stored):
@@ -675,26 +676,26 @@ class RocksTier:
     def encode(self, chunk_id: int, batch: pa.RecordBatch) -> tuple[WriteBatch, Layout]:
         """The write batch storing a chunk in RocksDB alone: its blocks (IPC messages, one
         copy of the rows) and its meta value (``Layout``)."""
-        layout, blocks = self._blocks(batch)
+        layout, blocks = self._blocks(batch, codec.SerializedBlocks.of)
         wb = WriteBatch(raw_mode=True)
         h = self.db.handle[self._cf]
-        for b, value in enumerate(blocks):
+        for b, value in enumerate(blocks.buffers):
             wb.put(self.block_key(chunk_id, b), value.to_pybytes(), h)
         wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), h)
         return wb, layout
 
     @staticmethod
-    def _blocks(batch: pa.RecordBatch) -> tuple[Layout, list[pa.Buffer]]:
-        """A chunk's blocks (``block_offsets``), and its layout, which holds each block's
-        checksum (``codec.block_checksum``), checked when the block is read: RocksDB
-        checks its own on the stored bytes; this one covers the way from here to there,
-        and is the only one of a chunk file."""
+    def _blocks(batch: pa.RecordBatch, encode: Callable[[list[pa.RecordBatch]], _Blocks]) -> tuple[Layout, _Blocks]:
+        """A chunk's blocks (``block_offsets``; ``encode`` makes them of the slices), and
+        its layout, which holds each block's checksum (``codec.block_checksum``), checked
+        when the block is read: RocksDB checks its own on the stored bytes; this one
+        covers the way from here to there, and is the only one of a chunk file."""
         arrow_bytes = batch.get_total_buffer_size()
         offsets = block_offsets(batch.num_rows, arrow_bytes)
-        blocks = [codec.encode_block(prefixes.compact(batch.slice(lo, hi - lo)))
-                  for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
-        checksums = np.fromiter(map(codec.block_checksum, blocks), np.uint32, len(blocks))
-        return Layout(offsets, checksums, sum(map(len, blocks)), arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM), blocks
+        blocks = encode([prefixes.compact(batch.slice(lo, hi - lo))
+                         for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())])
+        checksums = np.array(blocks.checksums, np.uint32)
+        return Layout(offsets, checksums, sum(blocks.sizes), arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM), blocks
 
     def commit_put(self, chunk_id: int, layout: Layout) -> None:
         """Hold a chunk whose keys are written (``encode``'s layout, or one read back)."""
