@@ -71,24 +71,31 @@ struct ListColumn {
 
 // The checks of a row's elements, written without early exits so that the compiler
 // vectorises them (setup.py builds this module at -O3): a 36 KiB row holds 4,096 tokens.
+// Each is built twice, for AVX2 and for any x86-64 (VECTORISED: the loader picks the one
+// the CPU runs): AVX2 halved the check of 256 rows of 36 KiB (0.8 -> 0.38 ms here).
+#if defined(__x86_64__)
+#define VECTORISED __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTORISED
+#endif
 
 bool Finite(float x) { return std::fabs(x) <= std::numeric_limits<float>::max(); }  // false for NaN
 
-bool AllFinite(const float* x, int64_t n) {
+VECTORISED bool AllFinite(const float* x, int64_t n) {
   unsigned bad = 0;
   for (int64_t k = 0; k < n; ++k) bad |= !Finite(x[k]);
   return !bad;
 }
 
 // Token ids below ``limit``, read unsigned: a negative id is above any limit.
-bool TokensBelow(const int32_t* tokens, int64_t n, uint32_t limit) {
+VECTORISED bool TokensBelow(const int32_t* tokens, int64_t n, uint32_t limit) {
   unsigned bad = 0;
   for (int64_t k = 0; k < n; ++k) bad |= static_cast<uint32_t>(tokens[k]) >= limit;
   return !bad;
 }
 
 // loss_mask 0 or 1; logprobs finite, and <= 0 where trained on.
-bool MaskAndLogprobsOk(const uint8_t* mask, const float* logprobs, int64_t n) {
+VECTORISED bool MaskAndLogprobsOk(const uint8_t* mask, const float* logprobs, int64_t n) {
   unsigned bad = 0;
   for (int64_t k = 0; k < n; ++k) {
     bad |= (mask[k] > 1) | !Finite(logprobs[k]) | ((mask[k] == 1) & (logprobs[k] > 0.0f));
@@ -97,7 +104,7 @@ bool MaskAndLogprobsOk(const uint8_t* mask, const float* logprobs, int64_t n) {
 }
 
 // token_policy_version >= 0, and >= policy_version where trained on.
-bool VersionsOk(const int32_t* versions, const uint8_t* mask, int64_t n, int64_t policy_version) {
+VECTORISED bool VersionsOk(const int32_t* versions, const uint8_t* mask, int64_t n, int64_t policy_version) {
   unsigned bad = 0;
   for (int64_t k = 0; k < n; ++k) bad |= (versions[k] < 0) | ((mask[k] == 1) & (versions[k] < policy_version));
   return !bad;
