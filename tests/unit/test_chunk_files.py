@@ -51,7 +51,13 @@ def expected_rows(data) -> list[dict]:
     return data.select(["traj_id", "tokens", "logprobs", "loss_mask", "reward"]).to_pylist()
 
 
-def test_large_chunks_go_to_files_small_ones_to_rocksdb_and_both_read_back_exactly_after_a_restart(tmp_path):
+@pytest.mark.parametrize("encoder", ["native", "python"])
+def test_large_chunks_go_to_files_small_ones_to_rocksdb_and_both_read_back_exactly_after_a_restart(
+        tmp_path, monkeypatch, encoder):
+    if encoder == "python":
+        monkeypatch.setattr(codec, "native", None)  # where the native encoder is not built
+    elif codec.native is None:
+        pytest.skip("the native encoder is not built (no C++ compiler)")
     store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", memory_bytes=1))  # every read goes to the SSD tier
     big, small = large("big"), trajectories(8, tokens=64, id_prefix="small")
