@@ -692,8 +692,10 @@ class RocksTier:
         covers the way from here to there, and is the only one of a chunk file."""
         arrow_bytes = batch.get_total_buffer_size()
         offsets = block_offsets(batch.num_rows, arrow_bytes)
-        blocks = encode([prefixes.compact(batch.slice(lo, hi - lo))
-                         for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())])
+        slices = [batch.slice(lo, hi - lo) for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        if prefixes.is_shared(batch.schema):  # each block keeps only the prompts its rows use
+            slices = list(map(prefixes.compact, slices))
+        blocks = encode(slices)
         checksums = np.array(blocks.checksums, np.uint32)
         return Layout(offsets, checksums, sum(blocks.sizes), arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM), blocks
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from expstore import prefixes
+from expstore import codec, prefixes
 from expstore.catalog import Catalog
 from expstore.chunks import ChunkStore
 from expstore.gather import take_rows
@@ -145,6 +145,20 @@ def test_an_ssd_block_keeps_only_the_prompts_its_rows_use():
     block = pa.ipc.read_record_batch(prefixes.compact(stored.slice(3, 2)).serialize(), stored.schema)
     assert len(block.column("tokens").field("prefix").values) == 2 * PROMPT
     assert prefixes.whole_rows(block).equals(b.slice(3, 2))
+
+
+def test_the_ssd_tier_writes_each_block_with_only_the_prompts_its_rows_use(tmp_path):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t"))
+    t.insert(group(4 * GROUP, groups=4).sort_by("group_id"))  # four prompts, each on its rows in a row
+    placement = t.parts.placement
+    stored, layout = placement.memory.get_one(0), placement.ssd.layout(0)
+    assert prefixes.is_shared(stored.schema) and len(layout.offsets) > 2
+    offsets = layout.offsets.tolist()
+    slices = [stored.slice(lo, hi - lo) for lo, hi in zip(offsets[:-1], offsets[1:])]
+    compact = sum(len(codec.encode_block(prefixes.compact(s))) for s in slices)
+    assert layout.stored == compact < sum(len(codec.encode_block(s)) for s in slices)
+    store.close()
 
 
 @pytest.mark.parametrize("forms", ["shared", "mixed"])
