@@ -7,6 +7,7 @@ file."""
 
 from __future__ import annotations
 
+import decimal
 import errno
 import fcntl
 import os
@@ -86,6 +87,32 @@ def test_a_chunks_blocks_are_written_as_their_serialized_bytes(tmp_path, shared)
     blocks = [prefixes.compact(batch.slice(lo, hi - lo)) for lo, hi in zip(offsets[:-1], offsets[1:])]
     assert len(blocks) >= 3
     assert_encoded_as_serialized(blocks, tmp_path / "blocks")
+
+
+def test_columns_of_every_layout_are_written_as_their_serialized_bytes(tmp_path):
+    """Tables of any kind hold any Arrow type: buffers of every layout (views with variadic
+    buffers, run ends, unions, dictionaries, fixed-size lists, maps), whole and sliced."""
+    n, rng = 40, np.random.default_rng(0)
+    batch = pa.RecordBatch.from_pydict({
+        "large_string": pa.array([None if k % 7 == 0 else "x" * int(k) for k in rng.integers(0, 30_000, n)],
+                                 pa.large_string()),
+        "decimal": pa.array([decimal.Decimal(i) / 8 for i in range(n)], pa.decimal128(20, 5)),
+        "timestamp": pa.array(np.arange(n) * 10**6, pa.timestamp("us", tz="UTC")),
+        "fixed_size_list": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * 2048, dtype=np.float32)), 2048),
+        "map": pa.array([[("a", float(i)), ("b", None)] for i in range(n)], pa.map_(pa.string(), pa.float64())),
+        "list_view": pa.ListViewArray.from_arrays(pa.array(np.arange(n) * 3, pa.int32()), pa.array([3] * n, pa.int32()),
+                                                  pa.array(rng.integers(0, 9, 3 * n), pa.int64())),
+        "run_end": pa.RunEndEncodedArray.from_arrays(pa.array([10, 25, n], pa.int32()), pa.array(["a", "b", "c"])),
+        "union": pa.UnionArray.from_dense(pa.array([i % 2 for i in range(n)], pa.int8()),
+                                          pa.array([i // 2 for i in range(n)], pa.int32()),
+                                          [pa.array(range(n)), pa.array([str(i) for i in range(n)])]),
+        "binary_view": pa.array([b"y" * int(k) for k in rng.integers(0, 20_000, n)], pa.binary_view()),
+        "dictionary": pa.array(["p", "q"] * (n // 2)).dictionary_encode(),
+        "null": pa.nulls(n),
+        "half_float": pa.array(rng.random(n).astype(np.float16), pa.float16()),
+    })
+    assert_encoded_as_serialized([batch], tmp_path / "whole")
+    assert_encoded_as_serialized([batch.slice(0, 7), batch.slice(7, 13), batch.slice(20, 20)], tmp_path / "sliced")
 
 
 def test_no_batches_are_no_blocks(tmp_path):
