@@ -33,7 +33,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <string>
 #include <poll.h>
@@ -157,11 +156,12 @@ class PieceSink : public arrow::io::OutputStream {
   // ends where the copy starts.
   void Copy(const uint8_t* data, int64_t nbytes) {
     if (nbytes <= 0) return;
-    if (arenas_.empty() || arena_used_ + nbytes > static_cast<int64_t>(arenas_.back().size())) {
-      arenas_.emplace_back(std::max(kArenaBytes, nbytes), '\0');
+    if (arenas_.empty() || arena_used_ + nbytes > arena_size_) {
+      arena_size_ = std::max(kArenaBytes, nbytes);
+      arenas_.push_back(std::make_unique_for_overwrite<uint8_t[]>(arena_size_));
       arena_used_ = 0;
     }
-    uint8_t* at = reinterpret_cast<uint8_t*>(arenas_.back().data()) + arena_used_;
+    uint8_t* at = arenas_.back().get() + arena_used_;
     std::memcpy(at, data, nbytes);
     arena_used_ += nbytes;
     position_ += nbytes;
@@ -172,8 +172,8 @@ class PieceSink : public arrow::io::OutputStream {
     }
   }
 
-  std::deque<std::string> arenas_;  // a deque: arenas never move once made
-  int64_t arena_used_ = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> arenas_;
+  int64_t arena_size_ = 0, arena_used_ = 0;  // of the last arena
   std::vector<std::shared_ptr<arrow::Buffer>> held_;
   std::vector<iovec> pieces_;
   size_t sealed_ = 0;
