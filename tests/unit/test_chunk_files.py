@@ -157,7 +157,7 @@ def test_a_full_disk_during_a_file_write_is_resource_exhausted_and_leaves_nothin
         writev(fd, buffers[:1])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(codec, "native", None)  # blocks written by Python's writev (the native one: below)
+    monkeypatch.setattr(codec, "native", None)  # Python writes the blocks (the native writer: test_block_encoding.py)
     monkeypatch.setattr(codec.os, "writev", full)
     with pytest.raises(ResourceExhausted, match="the disk is full"):
         t.insert(large("a"))
