@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 DEV_STAMP := $(VENV)/.installed-dev
 # What the installs are built from: the projects, and the native modules (setup.py).
 PROJECT := pyproject.toml client/pyproject.toml setup.py expstore/gather_native.cpp \
-	expstore/validate_native.cpp expstore/blocks_native.cpp server/expstore_server/framed_native.cpp
+	expstore/validate_native.cpp expstore/blocks_native.cpp
 
 # What `make serve` installs: the server, the extras it always serves with
 # (ALWAYS_SERVE_EXTRAS, space-separated: the web console), and those named in EXTRAS

@@ -1,11 +1,10 @@
 """The compiled parts of expstore: the native gather (expstore/gather_native.cpp), the check
-of trajectory rules (expstore/validate_native.cpp), the writer of chunk files' blocks
-(expstore/blocks_native.cpp) and the writer of gRPC row responses
-(server/expstore_server/framed_native.cpp), built against the pyarrow of the build
+of trajectory rules (expstore/validate_native.cpp) and the writer of chunk files' blocks
+(expstore/blocks_native.cpp), built against the pyarrow of the build
 (pyproject's build requirements pin the same pyarrow major version as the runtime's: the
 modules link to that version's libarrow). Optional: where they cannot be built (no C++
-compiler), the install goes on and gather.py, schema.py, codec.py and frames.py do
-their work in Python. Everything else about the package is in pyproject.toml."""
+compiler), the install goes on and gather.py, schema.py and codec.py do their work in
+Python. Everything else about the package is in pyproject.toml."""
 
 import glob
 import os
@@ -43,5 +42,4 @@ setup(ext_modules=[
     _native("expstore._gather_native", "expstore/gather_native.cpp"),
     _native("expstore._blocks_native", "expstore/blocks_native.cpp"),
     _native("expstore._validate_native", "expstore/validate_native.cpp", "-O3"),  # its loops over tokens vectorise
-    _native("expstore_server._framed_native", "server/expstore_server/framed_native.cpp"),
 ])

@@ -190,7 +190,7 @@ def _insert_messages(table: str, data: pa.Table, priorities: np.ndarray | None, 
     # A generator of its own rather than a closure: its arguments live in its frame, not in
     # one cell object each (thousands of inserts in flight hold one each).
     start = 0
-    for i, (part, payload) in enumerate(arrow_ipc.encode_parts(data, message_bytes, compress=compress)):
+    for i, (part, pieces) in enumerate(arrow_ipc.encode_parts(data, message_bytes, compress=compress)):
         req = pb.InsertRequest()
         if i == 0:
             req.table, req.timeout_s, req.durability = table, timeout, durability
@@ -199,7 +199,7 @@ def _insert_messages(table: str, data: pa.Table, priorities: np.ndarray | None, 
         if priorities is not None:
             req.priorities.extend(priorities[start:start + part.num_rows].tolist())
         start += part.num_rows
-        yield framing.encode(req, INSERT_PAYLOAD, payload)
+        yield framing.encode(req, INSERT_PAYLOAD, *pieces)
 
 
 class StreamPoller:

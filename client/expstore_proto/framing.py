@@ -47,10 +47,11 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def encode(message, field: int, payload) -> bytes:
-    """``message`` (payload field unset) with ``payload`` as length-delimited ``field``."""
-    head = message.SerializeToString() + _varint(field << 3 | _LEN) + _varint(len(memoryview(payload)))
-    return b"".join((head, payload))
+def encode(message, field: int, *payload) -> bytes:
+    """``message`` (payload field unset) with ``payload``, one buffer or the pieces of
+    one (``arrow_ipc.encode_pieces``), as length-delimited ``field``."""
+    size = sum(memoryview(piece).nbytes for piece in payload)
+    return b"".join((message.SerializeToString() + _varint(field << 3 | _LEN) + _varint(size), *payload))
 
 
 def decode(data: bytes, message_type: type[M], field: int) -> tuple[M, memoryview]:

@@ -1,11 +1,10 @@
-"""The server's RowsResponse messages: written natively in one copy, byte for byte the
-messages the Python framing writes, for record batches and tables of Arrow's types
+"""The server's RowsResponse messages: the rows' IPC stream byte for byte as Arrow writes
+it, whole or joined from its pieces, for record batches and tables of Arrow's types
 (dictionaries, nulls, slices, several chunks, no rows); any protobuf peer reads them."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,15 +13,8 @@ from expstore_proto import arrow_ipc, framing, service
 from expstore_proto.v1 import expstore_pb2 as pb
 from expstore_server import frames
 
-native = frames.native
 
-
-def test_the_native_framing_is_built():
-    """The install builds it (setup.py): without it every response's rows are copied twice."""
-    assert native is not None, "expstore_server._framed_native is missing: reinstall with a C++ compiler"
-
-
-def python_message(meta: pb.RowsResponse, data) -> bytes:
+def one_buffer_message(meta: pb.RowsResponse, data) -> bytes:
     return framing.encode(meta, service.ROWS_PAYLOAD, arrow_ipc.encode(data))
 
 
@@ -56,34 +48,27 @@ def rows(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(data=rows(), ids=st.lists(st.integers(0, 2**64 - 1), max_size=5))
-def test_a_native_message_is_the_python_message(data, ids):
+def test_a_message_of_pieces_is_the_one_buffer_message(data, ids):
     meta = pb.RowsResponse(item_ids=ids, priorities=[0.5] * len(ids))
-    message = frames.rows_message(meta, data)
-    assert message == python_message(meta, data)
+    message = framing.encode(meta, service.ROWS_PAYLOAD, *arrow_ipc.stream_pieces(data))
+    assert message == one_buffer_message(meta, data) == frames.rows_message(meta, data)
     parsed = pb.RowsResponse.FromString(message)  # what any protobuf peer sees
     assert list(parsed.item_ids) == ids
     assert arrow_ipc.decode(parsed.arrow_ipc).equals(pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch)
                                                      else data)
 
 
-def test_a_large_message_is_the_python_message():
-    """Rows over arrow_ipc.SIZED_FROM_BYTES, which the Python encoder writes into a
-    measured buffer too; and a payload whose length takes a 4-byte varint."""
+def test_a_large_message_is_the_one_buffer_message():
+    """Rows over arrow_ipc.PIECES_FROM_BYTES, joined from their pieces; and a payload
+    whose length takes a 4-byte varint."""
     data = trajectories(256, tokens=4096)
-    assert data.get_total_buffer_size() > arrow_ipc.SIZED_FROM_BYTES
+    assert data.get_total_buffer_size() > arrow_ipc.PIECES_FROM_BYTES
     meta = pb.RowsResponse(item_ids=range(256))
-    assert frames.rows_message(meta, data) == python_message(meta, data)
+    assert frames.rows_message(meta, data) == one_buffer_message(meta, data)
 
 
-def test_compressed_rows_are_framed_in_python():
+def test_compressed_rows_are_one_buffer():
     data = trajectories(8, tokens=512)
     message = frames.rows_message(pb.RowsResponse(), data, compress=True)
     _, view = service.decode_rows(message)
-    assert arrow_ipc.decode(view).equals(data) and len(message) < len(python_message(pb.RowsResponse(), data))
-
-
-def test_the_native_framing_refuses_what_is_not_rows():
-    with pytest.raises(TypeError, match="RecordBatch or Table"):
-        native.frame(b"", service.ROWS_PAYLOAD, {"id": [1]})
-    with pytest.raises(ValueError, match="field number"):
-        native.frame(b"", 0, pa.table({"id": [1]}))
+    assert arrow_ipc.decode(view).equals(data) and len(message) < len(one_buffer_message(pb.RowsResponse(), data))

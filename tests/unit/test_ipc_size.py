@@ -205,18 +205,24 @@ def test_schema_message_memo_remembers_by_bytes_and_only_small_messages():
 
 
 def test_encode_parts_measures_one_message_and_splits_the_rest_by_row_sizes():
+    def decode(pieces) -> pa.Table:
+        return arrow_ipc.decode(b"".join(pieces))
+
     small = trajectories(8, tokens=20)
-    ((part, payload),) = arrow_ipc.encode_parts(small, 1 << 20)
-    assert part is small and arrow_ipc.decode(payload).equals(small)
+    ((part, pieces),) = arrow_ipc.encode_parts(small, 1 << 20)
+    assert part is small and len(pieces) == 1 and decode(pieces).equals(small)
+    large = trajectories(64, tokens=4096)  # ~2.4 MB: one message, in pieces
+    ((part, pieces),) = arrow_ipc.encode_parts(large, 8 << 20)
+    assert part is large and len(pieces) > 1 and decode(pieces).equals(large)
     long = trajectories(40, tokens=2000)
     parts = arrow_ipc.encode_parts(long, 100_000)
     assert [p.num_rows for p, _ in parts] == [p.num_rows for p in arrow_ipc.split_rows(long, 100_000)]
-    assert len(parts) > 1 and pa.concat_tables([arrow_ipc.decode(b) for _, b in parts]).equals(long)
+    assert len(parts) > 1 and pa.concat_tables([decode(b) for _, b in parts]).equals(long)
     # Columns over one array's buffers: their total size counts them once, a reader each time.
     column = pa.array([b"x" * 1000] * 100, pa.binary())
     shared = pa.table({f"c{i}": column for i in range(20)})
     assert shared.get_total_buffer_size() < 200_000 < shared.nbytes
     parts = arrow_ipc.encode_parts(shared, 200_000)
-    assert len(parts) > 1 and all(ipc_size.decoded_bytes(b) <= 200_000 for _, b in parts)
+    assert len(parts) > 1 and all(ipc_size.decoded_bytes(b"".join(b)) <= 200_000 for _, b in parts)
     compressed = arrow_ipc.encode_parts(small, 1 << 20, compress=True)
-    assert len(compressed) == 1 and arrow_ipc.decode(compressed[0][1]).equals(small)
+    assert len(compressed) == 1 and decode(compressed[0][1]).equals(small)
