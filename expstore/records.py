@@ -311,6 +311,19 @@ class Acked(Record):
 
 
 @dataclass(frozen=True)
+class Nacked(Record):
+    """Delivered ids handed back to the group: due again, redelivered first."""
+
+    kind = "nack"
+    group: str
+    ids: np.ndarray
+
+    def replay(self, table: "Table") -> None:
+        consumers = table.parts.consumers
+        consumers[self.group].release(self.ids, consumers.clock())
+
+
+@dataclass(frozen=True)
 class Cut(Record):
     """A training cut; its manifest goes in the same write (``Journal.append``)."""
 
@@ -340,8 +353,8 @@ class Resumed(Record):
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
     Inserted, Removed, Sampled, PrioritySet, GroupsTimedOut, VersionSet, Compacted, Demoted, Archived,
-    ArchiveExpired, Reserved, ReservationReleased, Quarantined, GroupCreated, Forgotten, Delivered, Acked, Cut,
-    Resumed)}
+    ArchiveExpired, Reserved, ReservationReleased, Quarantined, GroupCreated, Forgotten, Delivered, Acked, Nacked,
+    Cut, Resumed)}
 
 
 def decode(kind: str, fields: dict[str, Any]) -> Record:

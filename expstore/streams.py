@@ -18,7 +18,7 @@ import numpy as np
 from . import names
 from .admission import Admission, Wait
 from .errors import InvalidArgument, NotFound
-from .records import Acked, Cut, Delivered, Forgotten, GroupCreated, Resumed
+from .records import Acked, Cut, Delivered, Forgotten, GroupCreated, Nacked, Resumed
 
 if TYPE_CHECKING:
     from .table import Rows, Table
@@ -86,6 +86,14 @@ class ConsumerGroup:
         self.inflight_ids, self.deadlines = self.inflight_ids[~hit], self.deadlines[~hit]
         self.acked += n
         return n, len(ids) - n
+
+    def release(self, ids: np.ndarray, now: float) -> int:
+        """Make delivered ids due again at ``now`` (a nack): the group's next reads
+        redeliver them first, oldest first. Returns how many were in flight (acked ones
+        stay acked). Call check_ack first."""
+        hit = np.isin(self.inflight_ids, ids)
+        self.deadlines[hit] = np.minimum(self.deadlines[hit], now)
+        return int(hit.sum())
 
     def stats(self) -> dict[str, float]:
         return {"position": self.position, "committed": self.committed,
@@ -199,7 +207,7 @@ class Consumers:
 
 
 class Streams:
-    """A table's Stream, Ack, CommitCut, Resume and Manifest calls (``Table.stream`` and
+    """A table's Stream, Ack, Nack, CommitCut, Resume and Manifest calls (``Table.stream`` and
     the others hand them here). Each takes the table lock (``Table.lock``), asks the
     consumer group what it may deliver, journals that (``Table.journal``), applies it,
     and reads the rows after the lock is released, as a sample does."""
@@ -260,6 +268,16 @@ class Streams:
             result = g.ack(ids)
             t.changed()
             return result
+
+    def nack(self, group: str, ids: np.ndarray) -> int:
+        t = self.table
+        with t.lock:
+            g = self._group(group)
+            g.check_ack(ids, self.name)
+            t.journal(Nacked(group=group, ids=ids))
+            released = g.release(ids, self.consumers.clock())
+            t.changed()
+            return released
 
     def commit_cut(self, group: str, step: int, ids: np.ndarray, tag: str) -> int:
         t = self.table

@@ -517,6 +517,13 @@ class Table:
         delivered to the group is NOT_FOUND and nothing is acked."""
         return self._streams.ack(group, self._intake.item_ids(item_ids))
 
+    def nack(self, group: str, item_ids) -> int:
+        """Hand items delivered to a group back to it, unprocessed: they are due again
+        now, and the group's next reads deliver them first (oldest first) rather than
+        after their visibility timeout. Returns how many were in flight (an acked one
+        stays acked). An id never delivered to the group is NOT_FOUND and nothing changes."""
+        return self._streams.nack(group, self._intake.item_ids(item_ids))
+
     def commit_cut(self, group: str, step: int, item_ids=(), tag: str = "") -> int:
         """A trainer's training cut, atomically: ack ``item_ids`` (what step ``step``
         consumed), remember the group's position under ``step``, and record the ids

@@ -352,8 +352,8 @@ class AsyncClient:
                ) -> AsyncIterator[SampleBatch]:
         """Iterate a consumer group's batches in insertion order (at most ``batch_size``
         each). Ack each batch (``await batch.ack()``) once processed, or it is redelivered
-        after the visibility timeout. Ends after ``idle_timeout`` seconds without rows
-        (None: never).
+        after the visibility timeout (``nack`` hands it back at once). Ends after
+        ``idle_timeout`` seconds without rows (None: never).
 
         ``auto_ack``: asking for the next batch acks the last (Kafka's auto-commit): the
         ack rides on the call that fetches the next batch, one round trip a batch instead
@@ -376,6 +376,13 @@ class AsyncClient:
     async def ack(self, table: str, group: str, item_ids: Sequence[int] | np.ndarray) -> int:
         req = pb.AckRequest(table=table, group=group, item_ids=list(map(int, item_ids)))
         return (await self._call(self._stub.Ack, req)).num_acked
+
+    async def nack(self, table: str, group: str, item_ids: Sequence[int] | np.ndarray) -> int:
+        """Hand rows delivered to a consumer group back unprocessed: its next reads
+        deliver them first, without waiting for their visibility timeout. Returns how
+        many were in flight (an acked row stays acked)."""
+        req = pb.NackRequest(table=table, group=group, item_ids=list(map(int, item_ids)))
+        return (await self._call(self._stub.Nack, req)).num_released
 
     async def update_priorities(self, table: str, item_ids, priorities) -> PriorityUpdate:
         """Set the priorities of the live items among ``item_ids`` (the last entry wins

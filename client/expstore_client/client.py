@@ -85,6 +85,7 @@ class Client:
     sample = _sync("sample")
     poll_stream = _sync("poll_stream")
     ack = _sync("ack")
+    nack = _sync("nack")
     update_priorities = _sync("update_priorities")
     set_policy_version = _sync("set_policy_version")
     reserve = _sync("reserve")

@@ -323,6 +323,12 @@ class ShardedClient:
         parts = _shard_ids.by_shard(item_ids, len(self.shards))
         return self._ack_local(table, group, {k: ids for k, (_, ids) in parts.items()})
 
+    def nack(self, table: str, group: str, item_ids) -> int:
+        """Hand rows back to the group on the shards that delivered them (``Client.nack``)."""
+        parts = _shard_ids.by_shard(item_ids, len(self.shards))
+        done = self._all(f"table {table!r}: nack", lambda c, k: c.nack(table, group, parts[k][1]), parts)
+        return sum(done.values())
+
     def _ack_local(self, table: str, group: str, ids: dict[int, np.ndarray]) -> int:
         """Ack shard-local ids (shard -> its ids) on their shards; the number newly acked."""
         done = self._all(f"table {table!r}: ack", lambda c, k: c.ack(table, group, ids[k]), ids)

@@ -443,6 +443,13 @@ class Servicer:
         return pb.AckResponse(num_acked=acked, num_already_acked=already)
 
     @rpc("trainer", audit=True)
+    async def Nack(self, request, context, call):
+        table = self.store.table(request.table)
+        released = await self._run(table.nack, request.group, convert.ids_of(request.item_ids))
+        call.detail = f"group={request.group} released={released}"
+        return pb.NackResponse(num_released=released)
+
+    @rpc("trainer", audit=True)
     async def UpdatePriorities(self, request, context, call):
         table = self.store.table(request.table)
         if len(request.item_ids) != len(request.priorities):

@@ -26,7 +26,7 @@ ROLE_OF_METHOD = {
     "CreateTable": "admin", "DropTable": "admin",
     "ListTables": "reader", "DescribeTable": "any", "Get": "reader", "Stats": "reader",
     "Insert": "producer", "InsertUnary": "producer",
-    "Sample": "trainer", "Stream": "trainer", "Ack": "trainer", "UpdatePriorities": "trainer",
+    "Sample": "trainer", "Stream": "trainer", "Ack": "trainer", "Nack": "trainer", "UpdatePriorities": "trainer",
     "SetPolicyVersion": "trainer", "Reserve": "producer", "Release": "producer",
 }
 TABLE = "secured"
@@ -93,6 +93,8 @@ def calls(stub, who: str, metadata):
                                                             timeout_s=1), metadata=metadata, timeout=5)),
         "Ack": lambda: stub.Ack(pb.AckRequest(table=TABLE, group="g", item_ids=[1]), metadata=metadata,
                                 timeout=5),
+        "Nack": lambda: stub.Nack(pb.NackRequest(table=TABLE, group="g", item_ids=[1]), metadata=metadata,
+                                  timeout=5),
         "UpdatePriorities": lambda: stub.UpdatePriorities(
             pb.UpdatePrioritiesRequest(table=TABLE, item_ids=[1], priorities=[2.0]), metadata=metadata,
             timeout=5),

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 
 # The contract: what every client offers, with the same arguments.
 CONTRACT = ("create_table", "drop_table", "list_tables", "describe", "schema", "insert", "insert_future",
-            "sample", "sampler", "stream", "ack", "update_priorities", "set_policy_version", "reserve", "release",
+            "sample", "sampler", "stream", "ack", "nack", "update_priorities", "set_policy_version", "reserve", "release",
             "get", "stats",
             "query", "query_table", "commit_cut", "resume", "manifest", "checkpoint", "close")
 KINDS = ("Client", "AsyncClient", "ShardedClient-1", "ShardedClient-2")
@@ -83,9 +83,9 @@ class Api:
             return await asyncio.to_thread(method, *args, **kwargs)
         return call
 
-    async def iterate(self, name: str, *args, limit: int | None = None, **kwargs) -> list:
-        """The items of an iterating method (``sampler``, ``stream``), at most ``limit``;
-        the iterator is closed afterwards."""
+    async def iterate(self, name: str, *args, limit: int | None = None, ack: bool = False, **kwargs) -> list:
+        """The items of an iterating method (``sampler``, ``stream``), at most ``limit``,
+        each acked as it comes if ``ack``; the iterator is closed afterwards."""
         out = []
         iterator = getattr(self.client, name)(*args, **kwargs)
         try:
@@ -100,6 +100,8 @@ class Api:
                     if item is None:
                         break
                 out.append(item)
+                if ack:
+                    await self.settle(item.ack() if self.is_async else await asyncio.to_thread(item.ack))
         finally:
             if self.is_async:
                 await iterator.aclose()
@@ -278,6 +280,36 @@ def test_stream_ack_cut_resume_manifest(connect, request):
                 assert all(set(p) == {"position", "inflight"} for p in positions)
                 again = await api.iterate("stream", table, "trainer", 6, poll_timeout=0.3, idle_timeout=1.0)
                 assert set(batch.ids.tolist()) <= {i for b in again for i in b.ids.tolist()}  # rewound
+            finally:
+                await api.drop_table(table)
+
+    run(main())
+
+
+def test_a_nacked_batch_comes_back_first_at_once(connect, request):
+    """A batch handed back (``nack``) is the group's next delivery, long before its
+    visibility timeout; an acked row stays acked; an id never delivered is NOT_FOUND."""
+    table = name_of(request)
+
+    async def main():
+        async with connect() as api:
+            await api.create_table(table, sampler="fifo")
+            try:
+                ids = (await api.insert(table, trajectories(10, id_prefix="n"))).item_ids.tolist()
+                (first,) = await api.iterate("stream", table, "g", 4, visibility_timeout=600, limit=1)
+                assert await api.ack(table, "g", first.ids[:1]) == 1
+                assert await api.nack(table, "g", first.ids) == len(first) - 1
+                rest = await api.iterate("stream", table, "g", 4, visibility_timeout=600, poll_timeout=0.2,
+                                         idle_timeout=0.5, ack=True)
+                again = [i for b in rest for i in b.ids.tolist()]
+                assert sorted(again) == sorted(set(ids) - {int(first.ids[0])})
+                if not api.sharded:  # (a sharded stream reads its shards side by side)
+                    assert again == ids[1:]
+                stats = (await api.stats(table))[table]
+                assert stats["group.g.acked"] == 10 and stats["group.g.redelivered"] == len(first) - 1
+                with pytest.raises(grpc.RpcError) as e:
+                    await api.nack(table, "g", [max(ids) + 1000])
+                assert e.value.code() == grpc.StatusCode.NOT_FOUND
             finally:
                 await api.drop_table(table)
 

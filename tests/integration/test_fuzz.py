@@ -217,7 +217,7 @@ def table_configs(draw):
 @st.composite
 def read_calls(draw):
     """(method name, request) for every non-Insert, non-CreateTable RPC."""
-    kind = draw(st.sampled_from(["Sample", "Stream", "Get", "Ack", "UpdatePriorities", "SetPolicyVersion",
+    kind = draw(st.sampled_from(["Sample", "Stream", "Get", "Ack", "Nack", "UpdatePriorities", "SetPolicyVersion",
                                  "Stats", "DescribeTable", "DropTable", "ListTables", "Reserve", "Release"]))
     table = draw(table_names)
     if kind == "Sample":
@@ -232,6 +232,8 @@ def read_calls(draw):
         return kind, pb.GetRequest(table=table, item_ids=draw(item_ids), compress=draw(st.booleans()))
     if kind == "Ack":
         return kind, pb.AckRequest(table=table, group=draw(group_names), item_ids=draw(item_ids))
+    if kind == "Nack":
+        return kind, pb.NackRequest(table=table, group=draw(group_names), item_ids=draw(item_ids))
     if kind == "UpdatePriorities":
         ids = draw(item_ids)
         n = draw(st.one_of(st.just(len(ids)), st.integers(0, 5)))

@@ -83,7 +83,7 @@ def test_random_changes_and_snapshots_restore_exactly(tmp_path, monkeypatch, see
     t = store.create_table(spec)
     version, n_inserted = 0, 0
     for step in range(120):
-        op = rng.choice(["insert", "insert", "sample", "priority", "version", "stream", "ack", "cut", "retry"])
+        op = rng.choice(["insert", "insert", "sample", "priority", "version", "stream", "ack", "nack", "cut", "retry"])
         live = t.parts.index["id"][t.parts.index.live_slots()]
         try:
             if op == "insert":
@@ -104,9 +104,12 @@ def test_random_changes_and_snapshots_restore_exactly(tmp_path, monkeypatch, see
                 t.set_policy_version(version)
             elif op == "stream":
                 t.stream("g", 6, timeout=0, visibility_timeout=float(rng.choice([0.001, 600])))
-            elif op in ("ack", "cut") and "g" in t.parts.consumers and len(t.parts.consumers["g"].inflight_ids):
+            elif op in ("ack", "nack", "cut") and "g" in t.parts.consumers and len(t.parts.consumers["g"].inflight_ids):
                 ids = t.parts.consumers["g"].inflight_ids[:3]
-                (t.ack("g", ids) if op == "ack" else t.commit_cut("g", step, ids, tag=f"c{step}"))
+                if op == "cut":
+                    t.commit_cut("g", step, ids, tag=f"c{step}")
+                else:
+                    getattr(t, op)("g", ids)
         except DeadlineExceeded:  # rate limiter, sampler or stream not ready: nothing changed
             pass
     before = state(t)
@@ -121,6 +124,26 @@ def test_random_changes_and_snapshots_restore_exactly(tmp_path, monkeypatch, see
     # The restored table goes on: new ids continue, chunks are accounted for.
     r = t.insert(trajectories(4, tokens=8, groups=1, seed=999, id_prefix="after"))
     assert r.num_inserted == 0 or int(r.item_ids.min()) >= before["next_id"]
+    store.close()
+
+
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_nacked_items_are_due_after_a_restart(tmp_path, monkeypatch, snapshot):
+    """A nack is journaled: after a restart the items it handed back come first, long
+    before the visibility timeout of their delivery."""
+    take = {"now": False}
+    monkeypatch.setattr(Journal, "wants_snapshot", lambda self: take["now"])
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", sampler=SamplerSpec("fifo"), max_size=100))
+    t.insert(trajectories(6, tokens=8))
+    assert t.stream("g", 4, timeout=0, visibility_timeout=600).item_ids.tolist() == [1, 2, 3, 4]
+    assert t.nack("g", [2, 3]) == 2
+    take["now"] = snapshot
+    t.ack("g", [1])  # a change: the snapshot, if wanted, is written here
+    store.close()
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    assert t.stream("g", 3, timeout=0, visibility_timeout=600).item_ids.tolist() == [2, 3, 5]
     store.close()
 
 

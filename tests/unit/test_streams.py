@@ -179,6 +179,34 @@ def test_ack_of_never_delivered_id_is_not_found_and_acks_nothing():
         t.ack("other", [1])
 
 
+def test_nacked_items_come_back_first_at_once_in_id_order():
+    clock = FakeClock()
+    t = make(clock)
+    t.insert(traj(6))
+    assert ids(t.stream("g", 4, timeout=0, visibility_timeout=600)) == [1, 2, 3, 4]
+    t.ack("g", [3])
+    assert t.nack("g", [4, 3, 2]) == 2  # 3 stays acked
+    again = t.stream("g", 3, timeout=0, visibility_timeout=600)  # no time passed
+    assert ids(again) == [2, 4, 5]
+    assert again.data.column("traj_id").to_pylist() == ["traj-1", "traj-3", "traj-4"]
+    assert t.nack("g", [4]) == 1 and ids(t.stream("g", 1, timeout=0)) == [4]
+    s = t.stats()
+    assert s["group.g.redelivered"] == 3 and s["group.g.acked"] == 1
+    clock.advance(59)  # 1 was never nacked: it waits for its visibility timeout
+    assert ids(t.stream("g", 5, timeout=0)) == [6]
+
+
+def test_nack_of_never_delivered_id_is_not_found_and_changes_nothing():
+    t = make()
+    t.insert(traj(4))
+    t.stream("g", 2, timeout=0, visibility_timeout=600)
+    with pytest.raises(NotFound, match=r"\b3\b"):
+        t.nack("g", [1, 3])
+    assert ids(t.stream("g", 5, timeout=0)) == [3, 4]  # 1 was not handed back
+    with pytest.raises(NotFound, match="consumer group"):
+        t.nack("other", [1])
+
+
 def test_ack_twice_counts_already_acked():
     t = make()
     t.insert(traj(3))

@@ -342,6 +342,22 @@ class AckResponse(_message.Message):
     num_already_acked: int
     def __init__(self, num_acked: _Optional[int] = ..., num_already_acked: _Optional[int] = ...) -> None: ...
 
+class NackRequest(_message.Message):
+    __slots__ = ("table", "group", "item_ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    group: str
+    item_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, table: _Optional[str] = ..., group: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NackResponse(_message.Message):
+    __slots__ = ("num_released",)
+    NUM_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    num_released: int
+    def __init__(self, num_released: _Optional[int] = ...) -> None: ...
+
 class UpdatePrioritiesRequest(_message.Message):
     __slots__ = ("table", "item_ids", "priorities")
     TABLE_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class ExperienceStoreStub:
                 request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.AckRequest.SerializeToString,
                 response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.AckResponse.FromString,
                 _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/expstore.v1.ExperienceStore/Nack',
+                request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.NackRequest.SerializeToString,
+                response_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.NackResponse.FromString,
+                _registered_method=True)
         self.UpdatePriorities = channel.unary_unary(
                 '/expstore.v1.ExperienceStore/UpdatePriorities',
                 request_serializer=expstore__proto_dot_v1_dot_expstore__pb2.UpdatePrioritiesRequest.SerializeToString,
@@ -201,6 +206,14 @@ class ExperienceStoreServicer:
 
     def Ack(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Nack(self, request, context):
+        """Delivered rows handed back unprocessed: the group's next reads deliver them first,
+        without waiting for their visibility timeout.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -334,6 +347,11 @@ def add_ExperienceStoreServicer_to_server(servicer, server):
                     servicer.Ack,
                     request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.AckRequest.FromString,
                     response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.AckResponse.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=expstore__proto_dot_v1_dot_expstore__pb2.NackRequest.FromString,
+                    response_serializer=expstore__proto_dot_v1_dot_expstore__pb2.NackResponse.SerializeToString,
             ),
             'UpdatePriorities': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdatePriorities,
@@ -639,6 +657,33 @@ class ExperienceStore:
             '/expstore.v1.ExperienceStore/Ack',
             expstore__proto_dot_v1_dot_expstore__pb2.AckRequest.SerializeToString,
             expstore__proto_dot_v1_dot_expstore__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/expstore.v1.ExperienceStore/Nack',
+            expstore__proto_dot_v1_dot_expstore__pb2.NackRequest.SerializeToString,
+            expstore__proto_dot_v1_dot_expstore__pb2.NackResponse.FromString,
             options,
             channel_credentials,
             insecure,
