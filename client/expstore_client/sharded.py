@@ -284,7 +284,7 @@ class ShardedClient:
                         unacked[k] = np.concatenate([unacked[k], ids]) if k in unacked else ids
                 yield batch.acked_by(lambda ids=batch.ids: self.ack(table, group, ids))
         except GeneratorExit:  # closed: the last batch is done with
-            self._ack_local(table, group, unacked)
+            self._on_shards(Client.ack, table, group, unacked)
             raise
 
     def _stream_round(self, table: str, group: str, request: pb.StreamRequest, unacked: dict[int, np.ndarray], *,
@@ -320,18 +320,20 @@ class ShardedClient:
         return _shard_ids.concat(parts, self.shards, with_weights=False) if parts else None
 
     def ack(self, table: str, group: str, item_ids) -> int:
-        parts = _shard_ids.by_shard(item_ids, len(self.shards))
-        return self._ack_local(table, group, {k: ids for k, (_, ids) in parts.items()})
+        return self._on_shards(Client.ack, table, group, self._local(item_ids))
 
     def nack(self, table: str, group: str, item_ids) -> int:
         """Hand rows back to the group on the shards that delivered them (``Client.nack``)."""
-        parts = _shard_ids.by_shard(item_ids, len(self.shards))
-        done = self._all(f"table {table!r}: nack", lambda c, k: c.nack(table, group, parts[k][1]), parts)
-        return sum(done.values())
+        return self._on_shards(Client.nack, table, group, self._local(item_ids))
 
-    def _ack_local(self, table: str, group: str, ids: dict[int, np.ndarray]) -> int:
-        """Ack shard-local ids (shard -> its ids) on their shards; the number newly acked."""
-        done = self._all(f"table {table!r}: ack", lambda c, k: c.ack(table, group, ids[k]), ids)
+    def _local(self, item_ids) -> dict[int, np.ndarray]:
+        """Sharded ids as shard -> its local ids."""
+        return {k: ids for k, (_, ids) in _shard_ids.by_shard(item_ids, len(self.shards)).items()}
+
+    def _on_shards(self, call: Callable[..., int], table: str, group: str, ids: dict[int, np.ndarray]) -> int:
+        """``call`` (``Client.ack`` or ``Client.nack``) of shard-local ids (shard -> its ids)
+        on their shards; the sum of what they answer."""
+        done = self._all(f"table {table!r}: {call.__name__}", lambda c, k: call(c, table, group, ids[k]), ids)
         return sum(done.values())
 
     def update_priorities(self, table: str, item_ids, priorities) -> PriorityUpdate:
