@@ -12,12 +12,20 @@
 // also be stored with shared prompt prefixes (prefixes.py: struct<prefix: list_view<T>,
 // rest: list<T>> where the schema has list<T>): each row is rebuilt whole, its prompt's
 // values then its own, as prefixes.take_whole does; a null row stays null.
+//
+// prompt_lengths(values, starts, ends) -> int64 array: for each row [starts[i], ends[i]) of
+// a flat uint8 array (loss_mask's values), how many values come before its first 1 (its
+// length if none): where prefixes.py cuts a row's prompt. memchr stops at the first 1, so a
+// row costs its prompt, where numpy's vectorised search read every value of every row
+// (0.7-2 ms for 256 rows of 4,096 tokens on each durable insert). Rows out of range raise
+// IndexError.
 
 #include <arrow/api.h>
 #include <arrow/python/pyarrow.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -208,10 +216,38 @@ py::object Take(const py::list& batch_objects, const Indices& positions, const I
   return py::reinterpret_steal<py::object>(arrow::py::wrap_batch(arrow::RecordBatch::Make(schema, n, columns)));
 }
 
+using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+
+py::array_t<int64_t> PromptLengths(const Bytes& values, const Indices& starts, const Indices& ends) {
+  const int64_t n = starts.size();
+  if (ends.size() != n) throw py::value_error("prompt_lengths: starts and ends differ in length");
+  const int64_t size = values.size();
+  const uint8_t* v = values.data();
+  const int64_t* s = starts.data();
+  const int64_t* e = ends.data();
+  for (int64_t i = 0; i < n; ++i) {
+    if (s[i] < 0 || s[i] > e[i] || e[i] > size) {
+      throw py::index_error("prompt_lengths: row " + std::to_string(i) + " spans [" + std::to_string(s[i]) + ", " +
+                            std::to_string(e[i]) + ") of " + std::to_string(size) + " values");
+    }
+  }
+  py::array_t<int64_t> out(n);
+  int64_t* o = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (int64_t i = 0; i < n; ++i) {
+      const void* one = std::memchr(v + s[i], 1, static_cast<size_t>(e[i] - s[i]));
+      o[i] = one == nullptr ? e[i] - s[i] : static_cast<const uint8_t*>(one) - (v + s[i]);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_gather_native, m) {
   if (arrow::py::import_pyarrow() != 0) throw py::error_already_set();
-  m.doc() = "Sampled rows of many record batches copied into one by Arrow's builders (gather.py).";
+  m.doc() = "Sampled rows of many record batches copied into one by Arrow's builders (gather.py); prompt lengths (prefixes.py).";
   m.def("take", &Take, py::arg("batches"), py::arg("positions"), py::arg("rows"), py::arg("schema") = py::none());
+  m.def("prompt_lengths", &PromptLengths, py::arg("values"), py::arg("starts"), py::arg("ends"));
 }

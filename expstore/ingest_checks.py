@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import prefixes
 from .errors import ExpstoreError, InvalidArgument
 
 if TYPE_CHECKING:
@@ -312,10 +313,7 @@ class _Pool:
 
     def prompt_lengths(self) -> np.ndarray:
         """Tokens before each sequence's first loss_mask = 1 (its length if none)."""
-        ones = np.flatnonzero(self.mask == 1)
-        first = np.searchsorted(ones, self.offsets[:-1])  # the first 1 at or after each start
-        at = np.append(ones, len(self.mask))[first]
-        return np.minimum(at, self.offsets[1:]) - self.offsets[:-1]
+        return prefixes.first_ones(self.mask, self.offsets[:-1], self.offsets[1:])
 
     def first_difference(self, rows: np.ndarray, refs: np.ndarray, *, prefix: bool):
         """The first (in row order) of ``rows`` that differs from its reference: with

@@ -43,6 +43,11 @@ import pyarrow as pa
 
 from expstore_proto.ipc_size import SchemaMemo
 
+try:  # after pyarrow, which has loaded the libarrow the module links to
+    from . import _gather_native as native
+except ImportError:  # not built: no C++ compiler at install (setup.py)
+    native = None
+
 MARK = b"expstore.shared_prefix"
 PER_TOKEN = ("tokens", "loss_mask", "logprobs", "token_policy_version", "advantages", "values")
 """Columns with one value per token (validation keeps their lengths equal to tokens')."""
@@ -208,16 +213,27 @@ def prompt_lengths(loss_mask: pa.Array) -> np.ndarray | None:
     if loss_mask.values.null_count:
         return None
     starts, ends = _bounds(loss_mask)
-    one = _np(loss_mask.values) == 1
+    out = first_ones(_np(loss_mask.values), starts, ends)
+    out[~_valid(loss_mask)] = 0
+    return out
+
+
+def first_ones(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For each row [starts[i], ends[i]) of ``values``, how many values come before its
+    first 1 (its length if none). Natively where the gather is built, for one-byte values
+    (loss_mask's uint8; int8, bool): a scan that stops at each row's first 1, where numpy
+    reads every value (256 rows of 4,096 tokens with 8-token prompts: ~0.7 ms, on every
+    durable insert, against 0.01)."""
+    if native is not None and values.dtype.itemsize == 1:  # the byte 1 is the value 1
+        return native.prompt_lengths(values.view(np.uint8), starts, ends)
+    one = values == 1
     rises = np.flatnonzero(one[1:] & ~one[:-1]) + 1  # where runs of 1s begin: few, one per generated turn
     at = np.append(rises, ends[-1] if len(ends) else 0)[np.searchsorted(rises, starts)]
     begins_with_one = np.zeros(len(starts), bool)
     nonempty = np.flatnonzero(ends > starts)
     begins_with_one[nonempty] = one[starts[nonempty]]
     at[begins_with_one] = starts[begins_with_one]
-    out = np.minimum(at, ends) - starts
-    out[~_valid(loss_mask)] = 0
-    return out
+    return np.minimum(at, ends) - starts
 
 
 # -- internals ----------------------------------------------------------------------------

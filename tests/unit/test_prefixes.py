@@ -98,15 +98,31 @@ def test_a_rows_prompt_ends_at_its_first_generated_token(b, data):
     mask = b.column("loss_mask").slice(lo)  # a slice: its offsets do not start at 0
     expected = [0 if m is None else next((i for i, v in enumerate(m) if v == 1), len(m)) for m in mask.to_pylist()]
     assert prefixes.prompt_lengths(mask).tolist() == expected
+    with mock.patch.object(prefixes, "native", None):  # numpy's search, where the gather is not built
+        assert prefixes.prompt_lengths(mask).tolist() == expected
 
 
+@pytest.mark.parametrize("scan", ["native", "numpy"])
+@pytest.mark.parametrize("value_type", [pa.uint8(), pa.int8(), pa.bool_(), pa.int32()])
 @pytest.mark.parametrize("masks, expected", [
     ([[1, 0], [0, 1]], [0, 1]),  # a row that begins with its answer
     ([[0, 1], [1, 1], [1]], [1, 0, 0]),  # ...right after a row that ended in one
     ([[], [0, 0], None, [0, 0, 1, 0, 1]], [0, 2, 0, 2]),  # no answer; a null row; several turns
 ])
-def test_prompt_lengths_of_rows_that_begin_with_their_answer(masks, expected):
-    assert prefixes.prompt_lengths(pa.array(masks, pa.list_(pa.uint8()))).tolist() == expected
+def test_prompt_lengths_of_rows_that_begin_with_their_answer(masks, expected, value_type, scan):
+    masks = [None if m is None else [bool(v) for v in m] for m in masks] if value_type == pa.bool_() else masks
+    with mock.patch.object(prefixes, "native", prefixes.native if scan == "native" else None):
+        assert prefixes.prompt_lengths(pa.array(masks, pa.list_(value_type))).tolist() == expected
+
+
+def test_the_native_prompt_scan_refuses_rows_outside_its_values():
+    values = np.array([0, 0, 1], np.uint8)
+    assert prefixes.native.prompt_lengths(values, np.array([0, 1, 3]), np.array([3, 3, 3])).tolist() == [2, 1, 0]
+    for starts, ends in [([0], [4]), ([-1], [2]), ([2], [1])]:
+        with pytest.raises(IndexError, match="row 0 spans"):
+            prefixes.native.prompt_lengths(values, np.array(starts), np.array(ends))
+    with pytest.raises(ValueError, match="differ in length"):
+        prefixes.native.prompt_lengths(values, np.array([0, 1]), np.array([3]))
 
 
 def test_a_column_that_would_save_little_of_its_bytes_is_left_whole():
