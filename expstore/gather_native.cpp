@@ -236,7 +236,7 @@ py::array_t<int64_t> PromptLengths(const Bytes& values, const Indices& starts, c
   {
     py::gil_scoped_release release;
     for (int64_t i = 0; i < n; ++i) {
-      const void* one = std::memchr(v + s[i], 1, static_cast<size_t>(e[i] - s[i]));
+      const void* one = e[i] > s[i] ? std::memchr(v + s[i], 1, static_cast<size_t>(e[i] - s[i])) : nullptr;
       o[i] = one == nullptr ? e[i] - s[i] : static_cast<const uint8_t*>(one) - (v + s[i]);
     }
   }
