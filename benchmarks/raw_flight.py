@@ -9,7 +9,8 @@ A trivial Flight server (a subprocess on 127.0.0.1, port 0):
 
 The client uploads and downloads the same 256-row table expstore's wire benchmark
 inserts and samples, as Flight moves it (record batches, no protobuf). Throughput =
-batches of all calls / sum of call times, one call at a time.
+batches of all calls / sum of call times, one call at a time. The server sets glibc's
+malloc as expstore-server does by default (see ``raw_grpc``).
 
 Run the server alone with ``python -m benchmarks.raw_flight --serve``.
 """
@@ -20,6 +21,9 @@ import sys
 
 import pyarrow as pa
 import pyarrow.flight as fl
+
+from expstore_server.config import ServerConfig
+from expstore_server.main import tune_malloc
 
 from . import server as server_mod
 
@@ -41,6 +45,7 @@ class _Server(fl.FlightServerBase):
 
 
 def _serve() -> None:
+    tune_malloc(ServerConfig())  # as expstore-server by default (raw_grpc's docstring)
     server = _Server()
     print(f"{BANNER}127.0.0.1:{server.port}", flush=True)
     server.serve()

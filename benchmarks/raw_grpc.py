@@ -18,6 +18,12 @@ call moves one batch split into the same messages expstore uses for it (see
 ``wire.batch_messages``), so expstore-vs-ceiling ratios compare the same bytes in the
 same message sizes. Throughput = bytes of all calls / sum of call times.
 
+The server sets glibc's malloc as expstore-server does by default (``tune_malloc``:
+large freed buffers kept for reuse, two arenas). Left at glibc's defaults, it mapped every
+~4.7 MB message buffer afresh and faulted it in: its upload of 256 rows of 36 KiB took
+11.1-11.3 ms a call instead of 6.3-6.4 (same machine, alternating runs), a ceiling 1.75x
+too low for the expstore server it is compared with, which keeps its buffers.
+
 Run the server alone with ``python -m benchmarks.raw_grpc --serve``.
 """
 
@@ -31,7 +37,8 @@ import time
 import grpc
 import numpy as np
 
-from expstore_server.main import PENDING_CALLS
+from expstore_server.config import ServerConfig
+from expstore_server.main import PENDING_CALLS, tune_malloc
 
 from . import server as server_mod
 
@@ -127,6 +134,7 @@ def measure(client: RawClient, sizes: list[int], seconds: float, min_calls: int 
 
 if __name__ == "__main__":
     if "--serve" in sys.argv:
+        tune_malloc(ServerConfig())  # as expstore-server by default (module docstring)
         asyncio.run(_serve())
     else:
         import json

@@ -180,6 +180,15 @@ def limit_malloc_arenas(arenas: int) -> bool:
     return arenas > 0 and _mallopt((M_ARENA_MAX, arenas))
 
 
+def tune_malloc(cfg: config_mod.ServerConfig) -> None:
+    """glibc's malloc as ``cfg`` asks (``malloc_arenas``, ``keep_freed_memory``); call it
+    before any thread starts. The benchmarks' raw gRPC and Flight servers call it with the
+    defaults, so that their ceilings are those of a server set up as this one is."""
+    limit_malloc_arenas(cfg.malloc_arenas)
+    if cfg.keep_freed_memory:
+        keep_freed_memory()
+
+
 GC_THRESHOLDS = (5000, 20, 50)  # gc.set_threshold's: Python's default is (700, 10, 10)
 
 
@@ -426,9 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     except ExpstoreError as e:
         print(f"expstore-server: {e}", file=sys.stderr)
         return 2
-    limit_malloc_arenas(cfg.malloc_arenas)
-    if cfg.keep_freed_memory:
-        keep_freed_memory()
+    tune_malloc(cfg)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler], force=True)
