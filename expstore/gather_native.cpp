@@ -247,7 +247,9 @@ py::array_t<int64_t> PromptLengths(const Bytes& values, const Indices& starts, c
 
 PYBIND11_MODULE(_gather_native, m) {
   if (arrow::py::import_pyarrow() != 0) throw py::error_already_set();
-  m.doc() = "Sampled rows of many record batches copied into one by Arrow's builders (gather.py); prompt lengths (prefixes.py).";
+  m.doc() =
+      "Sampled rows of many record batches copied into one by Arrow's builders (gather.py); "
+      "prompt lengths (prefixes.py).";
   m.def("take", &Take, py::arg("batches"), py::arg("positions"), py::arg("rows"), py::arg("schema") = py::none());
   m.def("prompt_lengths", &PromptLengths, py::arg("values"), py::arg("starts"), py::arg("ends"));
 }
