@@ -13,10 +13,16 @@
 // Measured here on those rows: an insert into a durable table took 8.8-8.9 ms in process
 // instead of 11.2-12.3, and the server's CPU per insert over gRPC 16 ms instead of 19-20.
 //
-// encode(batches) -> Messages: sizes (bytes of each block), checksums (CRC32C of each),
-// write_to(fd) (every byte, in order; raises OSError, goes on after short writes). None of it
-// touches Python objects once built, so the rows' arrays must stay alive while it lives:
-// it holds references to their buffers.
+// The checksums are computed as the blocks are written, a group of blocks of at most
+// kGroupBytes at a time: the CRC reads a group into the CPU's cache and writev copies it
+// from there, where checksumming all 9.4 MB first had the write read it from memory again.
+// Measured on the rows above, in process: encode and write 5.1 ms instead of 5.4.
+//
+// encode(batches) -> Messages: sizes (bytes of each block), checksums (CRC32C of each:
+// computed by write_to, or by this first read if it comes before), write_to(fd) (every
+// byte, in order; raises OSError, goes on after short writes). None of it touches Python
+// objects once built, so the rows' arrays must stay alive while it lives: it holds
+// references to their buffers.
 //
 // Only where the CPU has the CRC32 instruction (SSE 4.2): elsewhere `supported()` is false
 // and the SSD tier serializes in Python.
@@ -49,6 +55,7 @@ namespace {
 
 constexpr int64_t kReferenceBytes = 16384;  // buffers at least this long are written from where they are
 constexpr int64_t kArenaBytes = 1 << 16;   // the small pieces are copied into arenas of this size
+constexpr int64_t kGroupBytes = 512 << 10; // blocks checksummed, then written, together (in L2)
 
 #if defined(__x86_64__)
 // CRC32C on the CPU's instruction. One instruction's result feeds the next, with a latency
@@ -185,55 +192,45 @@ class Messages {
  public:
   explicit Messages(std::vector<std::shared_ptr<arrow::RecordBatch>> batches) {
     const auto options = arrow::ipc::IpcWriteOptions::Defaults();
+    first_piece_.push_back(0);
     for (const auto& batch : batches) {
-      const size_t first_piece = sink_.piece_count();
       const int64_t start = sink_.position();
       arrow::ipc::IpcPayload payload;
       Check(arrow::ipc::GetRecordBatchPayload(*batch, options, &payload));
       int32_t metadata_length = 0;
       Check(arrow::ipc::WriteIpcPayload(payload, options, &sink_, &metadata_length));
       sink_.EndBlock();
-      uint32_t crc = 0;
-      for (size_t piece = first_piece; piece < sink_.piece_count(); ++piece) {
-        const auto& v = sink_.pieces()[piece];
-        crc = Crc32c(crc, static_cast<const uint8_t*>(v.iov_base), v.iov_len);
-      }
+      first_piece_.push_back(sink_.piece_count());
       sizes_.push_back(sink_.position() - start);
-      checksums_.push_back(crc);
     }
+    checksums_.resize(sizes_.size());
   }
 
   const std::vector<int64_t>& sizes() const { return sizes_; }
-  const std::vector<uint32_t>& checksums() const { return checksums_; }
 
-  // Every piece, in order, going on after short writes (and, on a descriptor that does
-  // not block, waiting for room); on an error, errno as OSError.
-  void WriteTo(int fd) const {
+  const std::vector<uint32_t>& checksums() {
+    if (!summed_) {
+      py::gil_scoped_release release;
+      Sum(0, sizes_.size());
+      summed_ = true;
+    }
+    return checksums_;
+  }
+
+  // Every block, in order, a group at a time (checksummed first, unless already), going
+  // on after short writes (and, on a descriptor that does not block, waiting for room);
+  // on an error, errno as OSError.
+  void WriteTo(int fd) {
     int error = 0;
     {
       py::gil_scoped_release release;
-      std::vector<iovec> rest(sink_.pieces());
-      size_t head = 0;
-      while (head < rest.size()) {
-        const int count = static_cast<int>(std::min<size_t>(rest.size() - head, IOV_MAX));
-        const ssize_t written = ::writev(fd, rest.data() + head, count);
-        if (written < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN) {  // a descriptor that does not block (a pipe, a socket): wait for room
-            pollfd ready{fd, POLLOUT, 0};
-            if (::poll(&ready, 1, -1) >= 0 || errno == EINTR) continue;
-          }
-          error = errno;
-          break;
-        }
-        size_t left = static_cast<size_t>(written);
-        while (head < rest.size() && left >= rest[head].iov_len) left -= rest[head++].iov_len;
-        if (left) {
-          rest[head].iov_base = static_cast<uint8_t*>(rest[head].iov_base) + left;
-          rest[head].iov_len -= left;
-        }
-        while (head < rest.size() && rest[head].iov_len == 0) ++head;
+      for (size_t block = 0, end; block < sizes_.size() && !error; block = end) {
+        int64_t bytes = sizes_[block];
+        for (end = block + 1; end < sizes_.size() && bytes + sizes_[end] <= kGroupBytes; ++end) bytes += sizes_[end];
+        if (!summed_) Sum(block, end);
+        error = WritePieces(fd, first_piece_[block], first_piece_[end]);
       }
+      summed_ = summed_ || !error;
     }
     if (error) {
       errno = error;
@@ -247,9 +244,49 @@ class Messages {
     if (!status.ok()) throw std::runtime_error("encoding a block: " + status.ToString());
   }
 
+  // The checksums of blocks [begin, end).
+  void Sum(size_t begin, size_t end) {
+    const auto& pieces = sink_.pieces();
+    for (size_t block = begin; block < end; ++block) {
+      uint32_t crc = 0;
+      for (size_t piece = first_piece_[block]; piece < first_piece_[block + 1]; ++piece) {
+        crc = Crc32c(crc, static_cast<const uint8_t*>(pieces[piece].iov_base), pieces[piece].iov_len);
+      }
+      checksums_[block] = crc;
+    }
+  }
+
+  // Writes pieces [begin, end); 0, or the errno of the write that failed.
+  int WritePieces(int fd, size_t begin, size_t end) const {
+    std::vector<iovec> rest(sink_.pieces().begin() + begin, sink_.pieces().begin() + end);
+    size_t head = 0;
+    while (head < rest.size()) {
+      const int count = static_cast<int>(std::min<size_t>(rest.size() - head, IOV_MAX));
+      const ssize_t written = ::writev(fd, rest.data() + head, count);
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) {  // a descriptor that does not block (a pipe, a socket): wait for room
+          pollfd ready{fd, POLLOUT, 0};
+          if (::poll(&ready, 1, -1) >= 0 || errno == EINTR) continue;
+        }
+        return errno;
+      }
+      size_t left = static_cast<size_t>(written);
+      while (head < rest.size() && left >= rest[head].iov_len) left -= rest[head++].iov_len;
+      if (left) {
+        rest[head].iov_base = static_cast<uint8_t*>(rest[head].iov_base) + left;
+        rest[head].iov_len -= left;
+      }
+      while (head < rest.size() && rest[head].iov_len == 0) ++head;
+    }
+    return 0;
+  }
+
   PieceSink sink_;
+  std::vector<size_t> first_piece_;  // of each block, and one past the last
   std::vector<int64_t> sizes_;
   std::vector<uint32_t> checksums_;
+  bool summed_ = false;  // every checksum computed
 };
 
 std::unique_ptr<Messages> Encode(const py::list& objects) {

@@ -573,6 +573,25 @@ def block_offsets(rows: int, arrow_bytes: int) -> np.ndarray:
     return np.append(np.arange(0, rows, step), rows).astype(np.int64)
 
 
+def _encode(batch: pa.RecordBatch, encode: Callable[[list[pa.RecordBatch]], _Blocks]) -> tuple[np.ndarray, _Blocks]:
+    """A chunk's block offsets (``block_offsets``) and its blocks: ``encode`` makes them
+    of the slices."""
+    offsets = block_offsets(batch.num_rows, batch.get_total_buffer_size())
+    slices = [batch.slice(lo, hi - lo) for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    if prefixes.is_shared(batch.schema):  # each block keeps only the prompts its rows use
+        slices = list(map(prefixes.compact, slices))
+    return offsets, encode(slices)
+
+
+def _layout(batch: pa.RecordBatch, offsets: np.ndarray, blocks: _Blocks) -> Layout:
+    """The layout of a chunk stored as ``blocks``, with each block's checksum
+    (``codec.block_checksum``, read once the blocks are written: codec.Blocks), checked
+    when the block is read: RocksDB checks its own on the stored bytes; this one covers the
+    way from here to there, and is the only one of a chunk file."""
+    return Layout(offsets, np.array(blocks.checksums, np.uint32), sum(blocks.sizes), batch.get_total_buffer_size(),
+                  batch.schema, codec.BLOCK_CHECKSUM)
+
+
 def table_prefix(table_id: int) -> bytes:
     return table_id.to_bytes(4, "big")
 
@@ -657,16 +676,17 @@ class RocksTier:
             wb, layout = self.encode(chunk_id, batch)
             self.db.write(wb, durability, grows=layout.stored)
             return layout
-        layout, blocks = self._blocks(batch, codec.encode_blocks)
-        layout = replace(layout, positions=np.cumsum([0, *blocks.sizes], dtype=np.int64))
-        wb = WriteBatch(raw_mode=True)
-        wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), self.db.handle[self._cf])
-        with self.db.growing(layout.stored):
+        offsets, blocks = _encode(batch, codec.encode_blocks)
+        with self.db.growing(sum(blocks.sizes)):
             try:
                 self._files.write(chunk_id, blocks, sync=durability == "fsync")
             except OSError as e:
                 raise _translate(e, f"writing {self._files.path(chunk_id)}") from None
             try:
+                positions = np.cumsum([0, *blocks.sizes], dtype=np.int64)
+                layout = replace(_layout(batch, offsets, blocks), positions=positions)
+                wb = WriteBatch(raw_mode=True)
+                wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), self.db.handle[self._cf])
                 self.db.write(wb, durability)
             except BaseException:
                 self._files.delete([chunk_id])
@@ -676,28 +696,14 @@ class RocksTier:
     def encode(self, chunk_id: int, batch: pa.RecordBatch) -> tuple[WriteBatch, Layout]:
         """The write batch storing a chunk in RocksDB alone: its blocks (IPC messages, one
         copy of the rows) and its meta value (``Layout``)."""
-        layout, blocks = self._blocks(batch, codec.SerializedBlocks.of)
+        offsets, blocks = _encode(batch, codec.SerializedBlocks.of)
+        layout = _layout(batch, offsets, blocks)
         wb = WriteBatch(raw_mode=True)
         h = self.db.handle[self._cf]
         for b, value in enumerate(blocks.buffers):
             wb.put(self.block_key(chunk_id, b), value.to_pybytes(), h)
         wb.put(self.block_key(chunk_id, _META_BLOCK), layout.encode(), h)
         return wb, layout
-
-    @staticmethod
-    def _blocks(batch: pa.RecordBatch, encode: Callable[[list[pa.RecordBatch]], _Blocks]) -> tuple[Layout, _Blocks]:
-        """A chunk's blocks (``block_offsets``; ``encode`` makes them of the slices), and
-        its layout, which holds each block's checksum (``codec.block_checksum``), checked
-        when the block is read: RocksDB checks its own on the stored bytes; this one
-        covers the way from here to there, and is the only one of a chunk file."""
-        arrow_bytes = batch.get_total_buffer_size()
-        offsets = block_offsets(batch.num_rows, arrow_bytes)
-        slices = [batch.slice(lo, hi - lo) for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
-        if prefixes.is_shared(batch.schema):  # each block keeps only the prompts its rows use
-            slices = list(map(prefixes.compact, slices))
-        blocks = encode(slices)
-        checksums = np.array(blocks.checksums, np.uint32)
-        return Layout(offsets, checksums, sum(blocks.sizes), arrow_bytes, batch.schema, codec.BLOCK_CHECKSUM), blocks
 
     def commit_put(self, chunk_id: int, layout: Layout) -> None:
         """Hold a chunk whose keys are written (``encode``'s layout, or one read back)."""

@@ -40,12 +40,16 @@ def written(blocks: codec.Blocks, path) -> bytes:
 
 
 def assert_encoded_as_serialized(batches: list[pa.RecordBatch], path) -> None:
+    """The same sizes, checksums and bytes, the checksums read before the write (computed
+    then) or after it (computed as each group of blocks is written)."""
     want = [codec.encode_block(b).to_pybytes() for b in batches]
-    blocks = codec.encode_blocks(batches)
-    assert isinstance(blocks, codec.native.Messages)
-    assert list(blocks.sizes) == [len(w) for w in want]
-    assert list(blocks.checksums) == [crc32c.crc32c(w) for w in want]
-    assert written(blocks, path) == b"".join(want)
+    for checksums_first in (True, False):
+        blocks = codec.encode_blocks(batches)
+        assert isinstance(blocks, codec.native.Messages)
+        assert list(blocks.sizes) == [len(w) for w in want]
+        checksums = list(blocks.checksums) if checksums_first else None
+        assert written(blocks, path) == b"".join(want)
+        assert (checksums or list(blocks.checksums)) == [crc32c.crc32c(w) for w in want]
 
 
 @st.composite
@@ -113,6 +117,14 @@ def test_columns_of_every_layout_are_written_as_their_serialized_bytes(tmp_path)
     })
     assert_encoded_as_serialized([batch], tmp_path / "whole")
     assert_encoded_as_serialized([batch.slice(0, 7), batch.slice(7, 13), batch.slice(20, 20)], tmp_path / "sliced")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_blocks_are_checksummed_group_by_group_as_they_are_written(tmp_path, rows):
+    """Blocks of 36 KiB rows, ``rows`` to a block: many to a group of blocks written
+    together, a few, and blocks larger than a group (1.5 MB), with a short last group."""
+    batch = trajectories(125, tokens=4096).combine_chunks().to_batches()[0]
+    assert_encoded_as_serialized([batch.slice(i, rows) for i in range(0, 125, rows)], tmp_path / "blocks")
 
 
 def test_no_batches_are_no_blocks(tmp_path):
