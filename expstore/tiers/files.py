@@ -25,14 +25,26 @@ at ``wal`` the file is in the page cache when the insert is acknowledged, as the
 before the meta key is written.
 
 Files are only ever created, renamed and deleted here, by chunk id, under the table's own
-directory: nothing outside it is touched, and names that are not a chunk's are left
-where they are. Deleting files and a checkpoint's linking of them exclude each other
+directory, and as spares (``Spares``, ``<n>.spare`` in the directory of the tables'
+directories): nothing else is touched, and names that are not a chunk's or a spare's are
+left where they are. Deleting files and a checkpoint's linking of them exclude each other
 (``removing``, the database's lock), so a checkpoint never lacks the file of a chunk
 whose meta key it holds.
+
+Recycling: a deleted chunk's file is kept as a spare (renamed, up to ``MAX_SPARES``), and
+the next chunk written over it (RocksDB reuses its logs so, ``recycle_log_file_num``).
+Unlinking a file whose pages are in the page cache makes the kernel drop each page (an
+insert that evicts the oldest chunk paid ~1.5 ms for 9.4 MB here, under the table's
+lock), and a new file takes fresh pages and disk blocks; written over a spare, the pages
+and blocks are reused. A spare is only ever a deleted chunk's file, whose meta key went
+first, and never one a checkpoint has linked (its bytes must not change: ``Spares.keep``
+checks the link count under ``removing``). Measured here, 256 rows of 36 KiB into a full
+durable table: 8.1-8.3 ms an insert in process instead of 9.5-9.6.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import threading
@@ -43,15 +55,71 @@ from ..codec import Blocks
 
 SUFFIX = ".blocks"  # a whole chunk file
 PARTIAL = ".partial"  # appended while it is being written
+SPARE = ".spare"  # a deleted chunk's file, to be written over (Spares)
+MAX_SPARES = 2  # a steady stream of inserts evicting as many chunks as they write needs one
+
+
+class Spares:
+    """Deleted chunks' files kept to be written over by the next chunks (see the module
+    docstring): at most ``limit``, in ``directory`` as ``<n>.spare``, one pool for every
+    table of a database. Those a previous run left are deleted when the pool is made."""
+
+    def __init__(self, directory: Path, limit: int = MAX_SPARES) -> None:
+        self.directory, self.limit = directory, limit
+        self._held: list[Path] = []
+        self._lock = threading.Lock()
+        self._numbers = itertools.count()
+        for name in os.listdir(directory):
+            if name.endswith(SPARE) and name[:-len(SPARE)].isdigit():
+                (directory / name).unlink(missing_ok=True)
+
+    def keep(self, path: Path) -> bool:
+        """Take the file at ``path`` as a spare (renamed); False where there is no room,
+        no file, or another link to it (a checkpoint's): the caller deletes it then. The
+        caller holds the lock that a checkpoint's linking takes."""
+        with self._lock:
+            if len(self._held) >= self.limit:
+                return False
+            spare = self.directory / f"{next(self._numbers)}{SPARE}"
+            try:
+                if os.stat(path).st_nlink != 1:
+                    return False
+                os.rename(path, spare)
+            except FileNotFoundError:
+                return False
+            self._held.append(spare)
+            return True
+
+    def release(self) -> int:
+        """Delete every spare (their disk space is wanted); returns how many there were."""
+        with self._lock:
+            held, self._held = self._held, []
+        for spare in held:
+            spare.unlink(missing_ok=True)
+        return len(held)
+
+    def take(self, path: Path) -> bool:
+        """Rename a spare to ``path`` (replacing any file there); False if there is none."""
+        with self._lock:
+            if not self._held:
+                return False
+            spare = self._held.pop()
+        try:
+            os.rename(spare, path)
+        except FileNotFoundError:  # removed by someone else: the caller makes a new file
+            return False
+        return True
 
 
 class ChunkFiles:
     """One table's chunk files, in ``directory`` (created on the first write, in a parent
-    that exists). Raises OSError as the system does; the SSD tier says what failed."""
+    that exists); ``spares``: where deleted files are kept to be written over (None: they
+    are unlinked). Raises OSError as the system does; the SSD tier says what failed."""
 
-    def __init__(self, directory: Path, removing: threading.Lock) -> None:
+    def __init__(self, directory: Path, removing: threading.Lock, spares: Spares | None = None) -> None:
         self.directory = directory
         self._removing = removing
+        self._spares = spares
 
     def path(self, chunk_id: int) -> Path:
         return self.directory / f"{chunk_id}{SUFFIX}"
@@ -63,9 +131,12 @@ class ChunkFiles:
         partial = path.with_name(path.name + PARTIAL)
         make_directory(self.directory)
         try:
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            if self._spares is not None:
+                self._spares.take(partial)  # written over, where there is one
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 blocks.write_to(fd)
+                os.ftruncate(fd, sum(blocks.sizes))  # a spare's bytes past the blocks go
                 if sync:
                     os.fdatasync(fd)
             finally:
@@ -99,16 +170,21 @@ class ChunkFiles:
         return out
 
     def delete(self, chunk_ids: Iterable[int]) -> None:
-        """Delete the files (whole or partial) of ``chunk_ids``; those without one are skipped."""
+        """Delete the files (whole or partial) of ``chunk_ids`` (a file may be kept as a
+        spare); those without one are skipped."""
         with self._removing:
             for c in chunk_ids:
                 path = self.path(c)
-                path.unlink(missing_ok=True)
+                if self._spares is None or not self._spares.keep(path):
+                    path.unlink(missing_ok=True)
                 path.with_name(path.name + PARTIAL).unlink(missing_ok=True)
 
     def delete_all(self) -> None:
-        """Delete every chunk file, then the directory if nothing else is in it."""
+        """Delete every chunk file, then the directory if nothing else is in it; and the
+        spares, whose space is as much the drop's to give back."""
         self.delete(self.chunk_ids())
+        if self._spares is not None:
+            self._spares.release()
         try:
             self.directory.rmdir()
         except OSError:

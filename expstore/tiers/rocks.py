@@ -115,7 +115,7 @@ from rocksdict import (BlockBasedOptions, Cache, Checkpoint, CompactOptions, DBC
 from .. import codec, prefixes
 from ..errors import DataLoss, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from .base import UNBOUNDED
-from .files import ChunkFiles, link_all, make_directory
+from .files import ChunkFiles, Spares, link_all, make_directory
 
 _Blocks = TypeVar("_Blocks", bound=codec.Blocks)
 
@@ -190,6 +190,7 @@ class Database:
         self.cf = {cf: self._db.get_column_family(cf) for cf in families}
         self.blocks = rocks / BLOCKS_DIR
         make_directory(self.blocks)
+        self._spares = Spares(self.blocks)  # deleted chunk files, written over by new ones
         self.handle = {cf: self._db.get_column_family_handle(cf) for cf in families}
         self._families = threading.Lock()  # creating and dropping column families
         self._write_options = {}
@@ -239,7 +240,7 @@ class Database:
 
     def chunk_files(self, table_id: int) -> ChunkFiles:
         """The files of table ``table_id``'s large chunks (files.py)."""
-        return ChunkFiles(self.blocks / str(table_id), self._removing)
+        return ChunkFiles(self.blocks / str(table_id), self._removing, self._spares)
 
     def write(self, batch: WriteBatch, durability: str = "wal", *, grows: int = 0) -> None:
         """Apply ``batch`` at ``durability``. A batch that stores data passes the ``grows``
@@ -411,8 +412,11 @@ class Database:
     def check_free_space(self, nbytes: int = 0) -> None:
         """RESOURCE_EXHAUSTED unless a write of ``nbytes`` leaves RocksDB room to flush and
         ``min_free_bytes`` free: it costs its bytes twice (the log, then an SST file), and
-        the memtables not yet flushed need theirs. A full disk stops RocksDB whole."""
+        the memtables not yet flushed need theirs. A full disk stops RocksDB whole. Spare
+        chunk files (files.Spares) are the first space given back."""
         free, unflushed = self.free_bytes(), self.unflushed_bytes()
+        if free - unflushed - 2 * nbytes < self.min_free_bytes and self._spares.release():
+            free = self.free_bytes()
         if free - unflushed - 2 * nbytes < self.min_free_bytes:
             raise ResourceExhausted(f"the disk of data dir {self.path} is full: {free} bytes free, of which "
                                     f"RocksDB's next flush needs {unflushed} and this write {2 * nbytes}, and "
@@ -448,6 +452,7 @@ class Database:
             self._close()
 
     def _close(self) -> None:
+        self._spares.release()
         for cf in self.cf.values():
             cf.close()
         self.cf.clear()

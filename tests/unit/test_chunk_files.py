@@ -2,7 +2,8 @@
 checkpoint's restore; orphans of a crash between a file and its meta key removed at the
 next start, and nothing else; evictions and DropTable removing their files; a
 missing, truncated or damaged file is DATA_LOSS naming the chunk; a full disk leaves
-nothing behind; ``fsync`` syncs a file before its meta key is written."""
+nothing behind; ``fsync`` syncs a file before its meta key is written; an evicted
+chunk's file written over by a later chunk (recycled), never one a checkpoint holds."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from expstore.synthetic import trajectories
 from expstore.tiers import files as chunk_files
 from expstore.tiers.remote import SealedObjects
 from expstore.tiers.rocks import BLOCKS_DIR, FILE_BYTES, Database
+from expstore.tiers.files import SPARE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -232,3 +234,94 @@ def test_files_hold_their_blocks_whatever_writev_takes_and_reads_return_exactly_
     bounds = np.cumsum([0, *map(len, blocks)]).tolist()
     spans = [(bounds[i], bounds[i + 1]) for i in picks if i < len(blocks)]
     assert [bytes(v) for v in files.read(3, spans)] == [whole[lo:hi] for lo, hi in spans]
+
+
+def spares_in(store: Catalog) -> set[str]:
+    return {n for n in names_in(store.db.blocks) if n.endswith(SPARE)}
+
+
+def test_an_evicted_chunks_file_is_written_over_by_the_next_chunk_which_reads_back_exactly(tmp_path):
+    """The file of a chunk whose last row is evicted is kept (renamed), and the next chunk
+    written over it, smaller (the rest cut off) or larger; its rows read back exactly
+    from the SSD tier, before and after a restart."""
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", max_size=128, sampler=SamplerSpec("fifo"), memory_bytes=1))
+    directory = table_dir(store, t)
+    # FIFO, 128 rows at most: inserting chunk 3 evicts chunk 0's last rows, 4 chunk 1's,
+    # 5 chunk 2's; so 4 is written over 0's file (64 rows -> 32), 5 over 1's (64 -> 80)
+    sizes = [64, 64, 40, 56, 32, 80]
+    data = [large(f"r{i}", rows=n, seed=i) for i, n in enumerate(sizes)]
+    inodes, ids = [], []
+    for i, d in enumerate(data):
+        ids.append(t.insert(d).item_ids)
+        inodes.append(os.stat(directory / f"{i}.blocks").st_ino)
+        assert os.path.getsize(directory / f"{i}.blocks") == t.parts.placement.ssd.layout(i).stored
+    assert len(set(inodes[:4])) == 4 and (inodes[4], inodes[5]) == (inodes[0], inodes[1])
+    assert names_in(directory) == {"3.blocks", "4.blocks", "5.blocks"} and len(spares_in(store)) == 1  # 2's
+    for i in (4, 5):
+        assert rows_of(t, ids[i]) == expected_rows(data[i])
+    store.close()
+    assert {n for n in names_in(tmp_path / "d" / "rocksdb" / BLOCKS_DIR) if n.endswith(SPARE)} == set()
+    store = Catalog(tmp_path / "d")
+    t = store.table("t")
+    for i in (4, 5):
+        assert rows_of(t, ids[i]) == expected_rows(data[i])
+    store.close()
+
+
+def test_a_file_a_checkpoint_holds_is_never_written_over(tmp_path):
+    """A chunk file linked into a checkpoint has two links: evicted, it is unlinked, not
+    kept, so the checkpoint's copy keeps its bytes while later chunks are written."""
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", max_size=64, sampler=SamplerSpec("fifo"), memory_bytes=1))
+    for i in range(2):
+        t.insert(large(f"c{i}", seed=i))
+    store.db.checkpoint(tmp_path / "cp")
+    held = {p: p.read_bytes() for p in (tmp_path / "cp" / BLOCKS_DIR).rglob("*.blocks")}
+    assert len(held) == 2
+    for i in range(2, 6):  # the two checkpointed chunks are evicted, and more files written
+        t.insert(large(f"c{i}", seed=i))
+    assert {p: p.read_bytes() for p in held} == held
+    store.close()
+
+
+def test_spares_are_bounded_and_a_failed_write_over_one_leaves_nothing(tmp_path, monkeypatch):
+    blocks_dir = tmp_path / "blocks"
+    blocks_dir.mkdir()
+    (blocks_dir / "3.spare").write_bytes(b"left by a crash")
+    (blocks_dir / "notes.spare").write_text("mine")
+    spares = chunk_files.Spares(blocks_dir)
+    assert names_in(blocks_dir) == {"notes.spare"}
+    files = chunk_files.ChunkFiles(blocks_dir / "1", threading.Lock(), spares)
+    for c in range(5):
+        files.write(c, SerializedBlocks([bytes([c]) * 1000]), sync=False)
+    files.delete(range(5))
+    assert names_in(files.directory) == set()
+    assert len(names_in(blocks_dir) - {"notes.spare", "1"}) == 2  # two kept, three unlinked
+    files.write(7, SerializedBlocks([b"short"]), sync=True)
+    assert files.path(7).read_bytes() == b"short"
+
+    def full(fd, buffers):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(codec, "native", None)
+    monkeypatch.setattr(codec.os, "writev", full)
+    with pytest.raises(OSError):
+        files.write(8, SerializedBlocks([b"x" * 10]), sync=False)
+    assert names_in(files.directory) == {"7.blocks"}
+    assert len(names_in(blocks_dir) - {"notes.spare", "1"}) == 0  # the spare taken went with the failed write
+
+
+def test_spares_are_the_first_space_a_short_disk_gets_back(tmp_path, monkeypatch):
+    store = Catalog(tmp_path / "d")
+    t = store.create_table(TableSpec("t", max_size=64, sampler=SamplerSpec("fifo")))
+    for i in range(3):
+        t.insert(large(f"s{i}", seed=i))
+    assert len(spares_in(store)) == 1
+    monkeypatch.setattr(Database, "free_bytes", lambda self: 1 << 40 if not spares_in(store) else 0)
+    store.db.check_free_space(1 << 20)  # room once the spare is gone
+    assert spares_in(store) == set()
+    monkeypatch.setattr(Database, "free_bytes", lambda self: 0)
+    with pytest.raises(ResourceExhausted, match="is full"):
+        store.db.check_free_space(1 << 20)
+    store.close()
