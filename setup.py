@@ -1,10 +1,10 @@
-"""The compiled parts of expstore: the native gather and prompt scan (expstore/gather_native.cpp), the check
-of trajectory rules (expstore/validate_native.cpp) and the writer of chunk files' blocks
-(expstore/blocks_native.cpp), built against the pyarrow of the build
-(pyproject's build requirements pin the same pyarrow major version as the runtime's: the
-modules link to that version's libarrow). Optional: where they cannot be built (no C++
-compiler), the install goes on and gather.py, prefixes.py, schema.py and codec.py do their work in
-Python. Everything else about the package is in pyproject.toml."""
+"""The compiled parts of expstore: the native gather and prompt scan
+(expstore/gather_native.cpp), the check of trajectory rules (expstore/validate_native.cpp)
+and the writer of chunk files' blocks (expstore/blocks_native.cpp), built against the
+pyarrow of the build (pyproject's build requirements pin the same pyarrow major version as
+the runtime's: the modules link to that version's libarrow). Optional: where they cannot
+be built (no C++ compiler), the install goes on and gather.py, prefixes.py, schema.py and
+codec.py do their work in Python. Everything else about the package is in pyproject.toml."""
 
 import glob
 import os

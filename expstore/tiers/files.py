@@ -80,10 +80,10 @@ class Spares:
         with self._lock:
             if len(self._held) >= self.limit:
                 return False
-            spare = self.directory / f"{next(self._numbers)}{SPARE}"
             try:
                 if os.stat(path).st_nlink != 1:
                     return False
+                spare = self.directory / f"{next(self._numbers)}{SPARE}"
                 os.rename(path, spare)
             except FileNotFoundError:
                 return False
