@@ -39,23 +39,32 @@ class ServerProcess:
         return "".join(self.stderr_lines)
 
 
-def restartable_port() -> str:
-    """A port for a server that a test kills and starts again at the same address: its
-    gRPC port and Flight's (the next one) are free now and lie below the kernel's
-    ephemeral range. A server on ``--port 0`` gets an ephemeral port; killed, its two
-    ports went back to that range, and a process of a suite running beside this one took
-    one before the restart (seen: "Address already in use" for the Flight port)."""
+def unused_port(span: int = 1) -> int:
+    """A port, and the ``span - 1`` after it, free now and below the kernel's ephemeral
+    range, for a server told which port to bind. A port taken from the ephemeral range
+    (bind to 0, close) may be handed to another socket before the server binds it: a
+    connection's local port, or a listener on port 0 of a suite running beside this one
+    (seen: "cannot bind metrics ...: Address already in use")."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     rng = random.Random()
     while True:
-        port = rng.randrange(max(1024, low - 12000), low - 1)
+        port = rng.randrange(max(1024, low - 12000), low - span)
         try:
-            for p in (port, port + 1):
+            for p in range(port, port + span):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", p))
         except OSError:
             continue
-        return str(port)
+        return port
+
+
+def restartable_port() -> str:
+    """A port for a server that a test kills and starts again at the same address: its
+    gRPC port and Flight's (the next one). A server on ``--port 0`` gets an ephemeral
+    port; killed, its two ports went back to that range, and a process of a suite running
+    beside this one took one before the restart (seen: "Address already in use" for the
+    Flight port)."""
+    return str(unused_port(2))
 
 
 def start_server(data_dir: Path, config: str | None = None, *args: str, env: dict | None = None) -> ServerProcess:

@@ -20,8 +20,8 @@ from expstore_proto.v1 import expstore_pb2_grpc as pb_grpc
 from expstore.synthetic import trajectories
 from certs import self_signed
 
-__all__ = ["pb", "pb_grpc", "arrow_ipc", "trajectories", "start_server", "restartable_port", "rpc_error", "raw_stub", "stored_traj_ids",
-           "with_loss_mask", "num_items", "audit_lines", "wait_until", "insert_requests", "ipc_bytes", "self_signed"]
+__all__ = ["pb", "pb_grpc", "arrow_ipc", "trajectories", "start_server", "restartable_port", "unused_port", "rpc_error",
+           "raw_stub", "stored_traj_ids", "with_loss_mask", "num_items", "audit_lines", "wait_until", "insert_requests", "ipc_bytes", "self_signed"]
 
 
 def _root_conftest():
@@ -35,7 +35,7 @@ def _root_conftest():
 
 
 _root = _root_conftest()
-start_server, restartable_port = _root.start_server, _root.restartable_port
+start_server, restartable_port, unused_port = _root.start_server, _root.restartable_port, _root.unused_port
 
 
 def rpc_error(fn: Callable[[], Any], code: grpc.StatusCode | None = None) -> grpc.RpcError:

@@ -18,13 +18,7 @@ pytest.importorskip("starlette")
 from expstore.synthetic import trajectories  # noqa: E402
 from expstore_client import Client  # noqa: E402
 
-from ._util import wait_until  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ._util import unused_port, wait_until  # noqa: E402
 
 
 def serve(tmp_path, *args: str) -> subprocess.Popen:
@@ -46,7 +40,7 @@ def alive(pid: int) -> bool:
 
 
 def test_the_server_starts_its_console_and_stops_it(tmp_path):
-    port = free_port()
+    port = unused_port()
     (tmp_path / "c.toml").write_text(f"[server]\nhttp_port = {port}\n")
     proc = serve(tmp_path, "--config", str(tmp_path / "c.toml"))
     try:
@@ -67,7 +61,7 @@ def test_the_server_starts_its_console_and_stops_it(tmp_path):
 
 
 def test_a_killed_server_takes_its_console_along(tmp_path):
-    port = free_port()
+    port = unused_port()
     proc = serve(tmp_path, "--http-port", str(port))
     proc.stdout.readline()
     proc.stdout.readline()

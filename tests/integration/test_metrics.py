@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import ssl
 import subprocess
 import sys
@@ -22,18 +21,12 @@ from expstore_client import Client
 from expstore_proto.service import client_stub
 from expstore_proto.v1 import expstore_pb2 as pb
 
-from ._util import rpc_error, self_signed, start_server, trajectories, wait_until, with_loss_mask
+from ._util import rpc_error, self_signed, start_server, trajectories, unused_port, wait_until, with_loss_mask
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "expstore.json"
 STATS_DOC = ROOT / "docs" / "stats.md"
 Samples = dict[tuple[str, frozenset], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape_text(port: int, scheme: str = "http", context: ssl.SSLContext | None = None) -> str:
@@ -59,7 +52,7 @@ def series(samples: Samples, name: str, **labels: str) -> dict[frozenset, float]
 @pytest.fixture(scope="module")
 def metered(tmp_path_factory):
     """One server with metrics on; each test uses tables of its own."""
-    port = free_port()
+    port = unused_port()
     server = start_server(tmp_path_factory.mktemp("metrics") / "data", None, "--metrics-port", str(port))
     client = Client(server.address)
     yield server, client, port
@@ -197,7 +190,7 @@ def test_stats_watch_prints_successive_blocks(metered):
 
 def test_config_key_with_tls_and_a_taken_port(server_factory, tmp_path):
     cert, key = self_signed(tmp_path)
-    port = free_port()
+    port = unused_port()
     s = server_factory(f'[server]\nmetrics_port = {port}\n[tls]\ncert = "{cert}"\nkey = "{key}"\n')
     with Client(s.address, tls=cert) as c:
         c.create_table("t")
