@@ -66,7 +66,7 @@ class Spares:
 
     def __init__(self, directory: Path, limit: int = MAX_SPARES) -> None:
         self.directory, self.limit = directory, limit
-        self._held: list[Path] = []
+        self._held: list[tuple[Path, int]] = []  # (path, bytes)
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         for name in os.listdir(directory):
@@ -81,29 +81,35 @@ class Spares:
             if len(self._held) >= self.limit:
                 return False
             try:
-                if os.stat(path).st_nlink != 1:
+                st = os.stat(path)
+                if st.st_nlink != 1:
                     return False
                 spare = self.directory / f"{next(self._numbers)}{SPARE}"
                 os.rename(path, spare)
             except FileNotFoundError:
                 return False
-            self._held.append(spare)
+            self._held.append((spare, st.st_size))
             return True
 
     def release(self) -> int:
         """Delete every spare (their disk space is wanted); returns how many there were."""
         with self._lock:
             held, self._held = self._held, []
-        for spare in held:
+        for spare, _ in held:
             spare.unlink(missing_ok=True)
         return len(held)
 
-    def take(self, path: Path) -> bool:
-        """Rename a spare to ``path`` (replacing any file there); False if there is none."""
+    def take(self, path: Path, nbytes: int) -> bool:
+        """Rename the spare closest to ``nbytes`` in length to ``path`` (replacing any
+        file there); False if there is none. The bytes a write over it adds or cuts are
+        what it costs: fresh pages, or pages the kernel drops as an unlink does (4.3 ms
+        here to cut a freshly written 8.8 MB file to 1.2 MB). An insert over Flight of
+        256 x 36 KiB rows arrives as chunks of those two sizes and leaves a spare of each."""
         with self._lock:
             if not self._held:
                 return False
-            spare = self._held.pop()
+            best = min(range(len(self._held)), key=lambda i: abs(self._held[i][1] - nbytes))
+            spare, _ = self._held.pop(best)
         try:
             os.rename(spare, path)
         except FileNotFoundError:  # removed by someone else: the caller makes a new file
@@ -131,12 +137,14 @@ class ChunkFiles:
         partial = path.with_name(path.name + PARTIAL)
         make_directory(self.directory)
         try:
+            nbytes = sum(blocks.sizes)
             if self._spares is not None:
-                self._spares.take(partial)  # written over, where there is one
+                self._spares.take(partial, nbytes)  # written over, where there is one
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 blocks.write_to(fd)
-                os.ftruncate(fd, sum(blocks.sizes))  # a spare's bytes past the blocks go
+                if os.fstat(fd).st_size > nbytes:  # a spare's bytes past the blocks go
+                    os.ftruncate(fd, nbytes)  # (not at the same length: 2.6 ms on a fresh 8.8 MB file)
                 if sync:
                     os.fdatasync(fd)
             finally:

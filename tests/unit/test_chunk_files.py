@@ -312,6 +312,26 @@ def test_spares_are_bounded_and_a_failed_write_over_one_leaves_nothing(tmp_path,
     assert len(names_in(blocks_dir) - {"notes.spare", "1"}) == 0  # the spare taken went with the failed write
 
 
+def test_a_chunk_is_written_over_the_spare_closest_to_it_in_length(tmp_path, monkeypatch):
+    """Longer (its tail cut off) or shorter (grown by the write), whichever is closer; a
+    file the chunk fills exactly is not truncated at all."""
+    blocks_dir = tmp_path / "blocks"
+    blocks_dir.mkdir()
+    files = chunk_files.ChunkFiles(blocks_dir / "1", threading.Lock(), chunk_files.Spares(blocks_dir, limit=4))
+    for c, size in enumerate([3000, 1000, 8000, 5000]):
+        files.write(c, SerializedBlocks([bytes([c]) * size]), sync=False)
+    inodes = [os.stat(files.path(c)).st_ino for c in range(4)]
+    files.delete(range(4))
+    cuts = []
+    ftruncate = os.ftruncate
+    monkeypatch.setattr(chunk_files.os, "ftruncate", lambda fd, n: (cuts.append(n), ftruncate(fd, n)))
+    for c, size, spare in ((4, 1000, 1), (5, 4200, 3), (6, 3500, 0), (7, 9000, 2)):
+        files.write(c, SerializedBlocks([bytes([c]) * size]), sync=False)
+        assert os.stat(files.path(c)).st_ino == inodes[spare]
+        assert files.path(c).read_bytes() == bytes([c]) * size
+    assert cuts == [4200]
+
+
 def test_spares_are_the_first_space_a_short_disk_gets_back(tmp_path, monkeypatch):
     store = Catalog(tmp_path / "d")
     t = store.create_table(TableSpec("t", max_size=64, sampler=SamplerSpec("fifo")))
