@@ -53,13 +53,16 @@ install: $(VLLM_STAMP)
 
 # Headless Chromium and its driver from Debian's packages, for the console's browser tests
 # (tests/integration/test_console_browser.py); installed only when missing (as root on CI).
-# apt waits up to APT_LOCK_S for a lock another apt holds (a second checkout's `make test`
-# installing at the same moment) rather than failing at once.
+# Two checkouts' `make test` at the same moment take turns (flock on BROWSER_LOCK; the
+# second finds the browser installed): apt-get update does not wait for the lock of its
+# package lists, it fails at once. apt waits up to APT_LOCK_S for dpkg's lock, which
+# another program's apt may hold.
 APT_LOCK_S ?= 600
+BROWSER_LOCK ?= /tmp/expstore-browser-install.lock
+APT := apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_S)
 browser:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_S) update -q && DEBIAN_FRONTEND=noninteractive \
-	    apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_S) install -y -q chromium chromium-driver; }
+	@flock $(BROWSER_LOCK) sh -c 'command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(APT) update -q && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q chromium chromium-driver; }'
 
 # The daemon on embedded defaults: 127.0.0.1:50051, data dir ./expstore-data, and the web
 # console on http://127.0.0.1:8080 (docs/console.md).
